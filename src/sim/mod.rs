@@ -1,0 +1,1 @@
+//! Simulated vLLM/SGLang engine (placeholder; built in its own issue).
