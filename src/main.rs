@@ -1,1 +1,102 @@
-fn main() {}
+//! The `switchyard` binary: `serve`, `sim`, `demo`, `check-config`.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use switchyard::cli::{self, ServeArgs};
+use switchyard::server;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "switchyard",
+    version,
+    about = "L7 inference gateway for OpenAI-compatible engines"
+)]
+struct Cli {
+    /// Log format.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve(ServeArgs),
+    /// Validate a configuration file without starting.
+    CheckConfig { file: PathBuf },
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = args.resolve()?;
+    let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
+    let addr = listener.local_addr()?;
+    let gw = server::Gateway::start(config).await;
+    tracing::info!(%addr, "switchyard listening");
+    println!("switchyard ready url=http://{addr}");
+    server::serve(
+        listener,
+        gw,
+        shutdown_signal(),
+        server::DEFAULT_DRAIN_DEADLINE,
+    )
+    .await?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = rt.block_on(async move {
+        match cli.cmd {
+            Command::Serve(a) => run_serve(a).await,
+            Command::CheckConfig { file } => {
+                println!("{}", cli::check_config(&file)?);
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

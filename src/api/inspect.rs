@@ -1,0 +1,161 @@
+//! Read only what routing needs from a request body, borrowing from the kept `Bytes`:
+//! model, stream flags, user, cache salt and the span of the routing text
+//! (`messages` / `prompt` / `input`). The body itself is forwarded unchanged.
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+
+/// The OpenAI endpoint a request came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+    Embeddings,
+    Responses,
+    /// Any other `/v1/...` path carrying a JSON body with a `model`.
+    Other,
+}
+
+impl Endpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "chat_completions",
+            Endpoint::Completions => "completions",
+            Endpoint::Embeddings => "embeddings",
+            Endpoint::Responses => "responses",
+            Endpoint::Other => "other",
+        }
+    }
+
+    pub fn from_path(path: &str) -> Endpoint {
+        match path {
+            "/v1/chat/completions" => Endpoint::ChatCompletions,
+            "/v1/completions" => Endpoint::Completions,
+            "/v1/embeddings" => Endpoint::Embeddings,
+            "/v1/responses" => Endpoint::Responses,
+            _ => Endpoint::Other,
+        }
+    }
+}
+
+/// Routing features of one request.
+#[derive(Clone, Debug, Default)]
+pub struct RequestInfo {
+    pub model: Option<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub user: Option<String>,
+    pub cache_salt: Option<String>,
+    pub max_tokens: Option<u64>,
+    /// Raw JSON text of `messages` (chat), `prompt` (completions) or `input`
+    /// (embeddings, responses): a zero-copy slice of the body.
+    pub routing_text: Option<Bytes>,
+}
+
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(borrow, default)]
+    user: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    cache_salt: Option<Cow<'a, str>>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    prompt: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    input: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// Why a body could not be inspected.
+#[derive(Debug, PartialEq, Eq)]
+pub enum InspectError {
+    /// Not JSON, or not an object; the message is serde's.
+    Malformed(String),
+}
+
+/// Parse the routing features. An empty body yields no features (GET-like paths).
+pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(RequestInfo::default());
+    }
+    let p: Probe<'_> =
+        serde_json::from_slice(body).map_err(|e| InspectError::Malformed(e.to_string()))?;
+    let text = p.messages.or(p.prompt).or(p.input).map(|raw| {
+        let s = raw.get().as_bytes();
+        // `raw` borrows from `body`, so its offset is within it.
+        let start = s.as_ptr() as usize - body.as_ptr() as usize;
+        body.slice(start..start + s.len())
+    });
+    Ok(RequestInfo {
+        model: p.model.map(Cow::into_owned),
+        stream: p.stream.unwrap_or(false),
+        include_usage: p
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
+        user: p.user.map(Cow::into_owned),
+        cache_salt: p.cache_salt.map(Cow::into_owned),
+        max_tokens: p.max_completion_tokens.or(p.max_tokens),
+        routing_text: text,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_routing_fields_and_slices_messages() {
+        let body = Bytes::from_static(
+            br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"user":"u1","messages":[{"role":"user","content":"hi"}],"max_tokens":7}"#,
+        );
+        let i = inspect(&body).unwrap();
+        assert_eq!(i.model.as_deref(), Some("m"));
+        assert!(i.stream && i.include_usage);
+        assert_eq!(i.user.as_deref(), Some("u1"));
+        assert_eq!(i.max_tokens, Some(7));
+        assert_eq!(
+            &i.routing_text.unwrap()[..],
+            br#"[{"role":"user","content":"hi"}]"#
+        );
+    }
+
+    #[test]
+    fn escaped_model_name_is_decoded() {
+        let body = Bytes::from_static(br#"{"model":"a\/b","prompt":"x"}"#);
+        let i = inspect(&body).unwrap();
+        assert_eq!(i.model.as_deref(), Some("a/b"));
+        assert_eq!(&i.routing_text.unwrap()[..], br#""x""#);
+    }
+
+    #[test]
+    fn malformed_json_is_an_error() {
+        assert!(inspect(&Bytes::from_static(b"{\"model\":")).is_err());
+        assert!(inspect(&Bytes::from_static(b"[1,2]")).is_err());
+        assert!(inspect(&Bytes::from_static(b"{\"model\":5}")).is_err());
+    }
+
+    #[test]
+    fn empty_body_has_no_features() {
+        let i = inspect(&Bytes::new()).unwrap();
+        assert!(i.model.is_none() && !i.stream);
+    }
+}

@@ -1,0 +1,9 @@
+//! The few OpenAI wire shapes the gateway reads or writes: the request features it
+//! inspects for routing, the error body, and the models list.
+
+pub mod error;
+pub mod inspect;
+pub mod models;
+
+pub use error::ErrorBody;
+pub use inspect::{inspect, Endpoint, RequestInfo};

@@ -1,0 +1,45 @@
+//! `GET /v1/models` shapes, read from workers and written to clients.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModelList {
+    pub object: String,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    #[serde(default = "model_object")]
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default = "owner")]
+    pub owned_by: String,
+}
+
+fn model_object() -> String {
+    "model".into()
+}
+
+fn owner() -> String {
+    "switchyard".into()
+}
+
+impl ModelList {
+    pub fn new(ids: impl IntoIterator<Item = String>) -> Self {
+        ModelList {
+            object: "list".into(),
+            data: ids
+                .into_iter()
+                .map(|id| ModelCard {
+                    id,
+                    object: model_object(),
+                    created: 0,
+                    owned_by: owner(),
+                })
+                .collect(),
+        }
+    }
+}

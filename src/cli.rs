@@ -1,0 +1,88 @@
+//! Command-line entry points shared by the binary: `serve`, `check-config`, `demo`.
+
+use crate::config::{self, Config, PolicyKind, RawConfig, RawPool, RawWorker};
+use clap::Args;
+use std::path::PathBuf;
+
+/// `switchyard serve` flags. Flags override the file; `--worker` adds workers to a
+/// pool named `cli` whose models are discovered from each worker's `/v1/models`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Listen address, e.g. 127.0.0.1:8080 (overrides server.listen).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Upstream worker base URL (repeatable).
+    #[arg(long = "worker")]
+    pub workers: Vec<String>,
+    /// Routing policy for the `--worker` pool (or for every pool when no --worker is given).
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Add x-switchyard-route headers to responses.
+    #[arg(long)]
+    pub debug_headers: bool,
+}
+
+impl ServeArgs {
+    /// Merge the file (if any) and the flags, then validate.
+    pub fn resolve(&self) -> Result<Config, config::ConfigError> {
+        let mut raw = match &self.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| config::ConfigError {
+                    problems: vec![format!("{}: {e}", path.display())],
+                })?;
+                config::parse(&text)?
+            }
+            None => RawConfig::default(),
+        };
+        if let Some(l) = &self.listen {
+            raw.server.listen = Some(l.clone());
+        }
+        if self.debug_headers {
+            raw.server.debug_headers = Some(true);
+        }
+        if let Some(p) = &self.policy {
+            if PolicyKind::parse(p).is_none() {
+                return Err(config::ConfigError {
+                    problems: vec![format!("--policy: unknown policy `{p}`")],
+                });
+            }
+            if self.workers.is_empty() {
+                for pool in &mut raw.pools {
+                    pool.policy = Some(p.clone());
+                }
+            }
+        }
+        if !self.workers.is_empty() {
+            raw.pools.push(RawPool {
+                name: Some("cli".into()),
+                policy: self.policy.clone(),
+                workers: self
+                    .workers
+                    .iter()
+                    .map(|u| RawWorker {
+                        url: u.clone(),
+                        labels: Default::default(),
+                    })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        raw.validate()
+    }
+}
+
+/// `switchyard check-config FILE`: validate and summarise.
+pub fn check_config(path: &std::path::Path) -> Result<String, config::ConfigError> {
+    let c = config::load(path)?;
+    let workers: usize = c.pools.iter().map(|p| p.workers.len()).sum();
+    Ok(format!(
+        "{}: ok ({} pools, {} workers, listen {})",
+        path.display(),
+        c.pools.len(),
+        workers,
+        c.server.listen
+    ))
+}

@@ -1,0 +1,11 @@
+//! The worker registry: who the workers are, what they serve, and their live
+//! counters. Requests read an immutable [`Snapshot`] through `ArcSwap`; background
+//! tasks (model discovery, later stats and health) build and swap a new one.
+
+mod discovery;
+mod registry;
+mod worker;
+
+pub use discovery::spawn_model_discovery;
+pub use registry::{ModelRoute, PoolRuntime, Registry, Snapshot};
+pub use worker::{InFlightGuard, Worker, WorkerState};

@@ -1,0 +1,239 @@
+//! The routing snapshot: model name → route (pool, policy, workers serving it).
+//! Built from config plus discovered models whenever either changes, then swapped
+//! atomically; requests in flight keep the snapshot they started with.
+
+use super::worker::{Worker, WorkerState};
+use crate::config::{Config, PoolConfig};
+use crate::routing::{self, Policy};
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use http::HeaderValue;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// A pool as the request path sees it.
+pub struct PoolRuntime {
+    pub name: Arc<str>,
+    pub config: PoolConfig,
+    pub workers: Vec<Arc<Worker>>,
+    /// `Authorization` value injected upstream, when the pool has an API key.
+    pub upstream_auth: Option<HeaderValue>,
+}
+
+/// Where requests for one model name go.
+pub struct ModelRoute {
+    /// The model name as configured (aliases resolve to it); used as a metric label.
+    pub model: Arc<str>,
+    pub pool: Arc<PoolRuntime>,
+    pub policy: Box<dyn Policy>,
+    /// The pool's workers that serve this model.
+    pub workers: Vec<Arc<Worker>>,
+}
+
+/// One immutable view of everything routing needs.
+pub struct Snapshot {
+    pub config: Arc<Config>,
+    pub pools: Vec<Arc<PoolRuntime>>,
+    /// Model names and aliases → route.
+    pub routes: HashMap<String, Arc<ModelRoute>>,
+}
+
+impl Snapshot {
+    pub fn route(&self, model: &str) -> Option<&Arc<ModelRoute>> {
+        self.routes.get(model)
+    }
+
+    /// Names clients may request, sorted (aliases included).
+    pub fn model_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.routes.keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Every model has at least one worker able to take a request.
+    pub fn is_ready(&self) -> bool {
+        !self.routes.is_empty()
+            && self
+                .pools
+                .iter()
+                .all(|p| p.workers.iter().any(|w| w.is_available()))
+            && self
+                .routes
+                .values()
+                .all(|r| r.workers.iter().any(|w| w.is_available()))
+    }
+
+    /// Every distinct worker, in config order.
+    pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        let mut seen = BTreeSet::new();
+        self.pools
+            .iter()
+            .flat_map(|p| p.workers.iter())
+            .filter(move |w| seen.insert(w.id.clone()))
+    }
+}
+
+/// Owns the current snapshot and the live state of every worker ever configured
+/// (kept by URL, so a reload does not reset counters of unchanged workers).
+pub struct Registry {
+    current: ArcSwap<Snapshot>,
+    config: ArcSwap<Config>,
+    states: DashMap<Arc<str>, Arc<WorkerState>>,
+}
+
+impl Registry {
+    pub fn new(config: Config) -> Arc<Registry> {
+        let config = Arc::new(config);
+        let reg = Registry {
+            current: ArcSwap::from_pointee(Snapshot {
+                config: config.clone(),
+                pools: Vec::new(),
+                routes: HashMap::new(),
+            }),
+            config: ArcSwap::new(config),
+            states: DashMap::new(),
+        };
+        reg.rebuild();
+        Arc::new(reg)
+    }
+
+    /// The current snapshot (cheap; no lock).
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// Replace the configuration (already validated) and rebuild.
+    pub fn apply_config(&self, config: Config) {
+        self.config.store(Arc::new(config));
+        self.rebuild();
+    }
+
+    /// Rebuild the snapshot from the config and the discovered models.
+    pub fn rebuild(&self) {
+        let config = self.config.load_full();
+        let mut pools = Vec::new();
+        let mut routes: HashMap<String, Arc<ModelRoute>> = HashMap::new();
+        for pc in &config.pools {
+            let workers: Vec<Arc<Worker>> = pc
+                .workers
+                .iter()
+                .filter_map(|wc| {
+                    let state = self
+                        .states
+                        .entry(Arc::from(wc.url.as_str()))
+                        .or_default()
+                        .clone();
+                    match Worker::new(&wc.url, wc.labels.clone(), state) {
+                        Ok(w) => Some(Arc::new(w)),
+                        Err(e) => {
+                            tracing::error!(worker = %wc.url, error = %e, "skipping worker");
+                            None
+                        }
+                    }
+                })
+                .collect();
+            let upstream_auth = pc
+                .upstream_api_key
+                .as_ref()
+                .and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok())
+                .map(|mut v| {
+                    v.set_sensitive(true);
+                    v
+                });
+            let pool = Arc::new(PoolRuntime {
+                name: Arc::from(pc.name.as_str()),
+                config: pc.clone(),
+                workers: workers.clone(),
+                upstream_auth,
+            });
+            // model name → workers serving it
+            let mut served: Vec<(String, Vec<Arc<Worker>>)> = Vec::new();
+            if pc.models.is_empty() {
+                let mut names = BTreeSet::new();
+                for w in &workers {
+                    names.extend(w.state.discovered_models.load().iter().cloned());
+                }
+                for name in names {
+                    let ws = workers
+                        .iter()
+                        .filter(|w| w.state.discovered_models.load().contains(&name))
+                        .cloned()
+                        .collect();
+                    served.push((name, ws));
+                }
+            } else {
+                for m in &pc.models {
+                    served.push((m.clone(), workers.clone()));
+                }
+            }
+            for (model, ws) in served {
+                if routes.contains_key(&model) {
+                    // A discovered name already served by an earlier pool: first pool wins.
+                    continue;
+                }
+                let route = Arc::new(ModelRoute {
+                    model: Arc::from(model.as_str()),
+                    pool: pool.clone(),
+                    policy: routing::build(pc.policy),
+                    workers: ws,
+                });
+                routes.insert(model.clone(), route.clone());
+                if pc.models.first() == Some(&model) {
+                    for a in &pc.aliases {
+                        routes.insert(a.clone(), route.clone());
+                    }
+                }
+            }
+            pools.push(pool);
+        }
+        self.current.store(Arc::new(Snapshot {
+            config,
+            pools,
+            routes,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config;
+
+    fn cfg(text: &str) -> Config {
+        config::parse(text).unwrap().validate().unwrap()
+    }
+
+    #[test]
+    fn aliases_and_discovered_models_route() {
+        let reg = Registry::new(cfg(r#"
+            [[pools]]
+            name = "a"
+            models = ["llama"]
+            aliases = ["gpt-4o-mini"]
+            workers = [{ url = "http://h:1" }]
+            [[pools]]
+            name = "b"
+            workers = [{ url = "http://h:2" }, { url = "http://h:3" }]
+        "#));
+        let s = reg.snapshot();
+        assert_eq!(&*s.route("gpt-4o-mini").unwrap().model, "llama");
+        assert!(s.route("qwen").is_none());
+        // Discovery finds qwen on h:3 only.
+        let w3 = s.pools[1].workers[1].clone();
+        w3.state
+            .discovered_models
+            .store(Arc::new(vec!["qwen".into()]));
+        reg.rebuild();
+        let s2 = reg.snapshot();
+        let r = s2.route("qwen").unwrap();
+        assert_eq!(r.workers.len(), 1);
+        assert_eq!(&*r.workers[0].id, "http://h:3");
+        // The live state survived the rebuild.
+        assert!(Arc::ptr_eq(&r.workers[0].state, &w3.state));
+        assert_eq!(s2.model_names(), vec!["gpt-4o-mini", "llama", "qwen"]);
+    }
+}

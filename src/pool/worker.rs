@@ -1,0 +1,119 @@
+//! One upstream engine and its shared live state.
+
+use arc_swap::ArcSwap;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A worker as seen by one snapshot. Cheap to clone; the live state is shared
+/// across snapshots (and reloads) as long as the worker's URL is unchanged.
+#[derive(Debug)]
+pub struct Worker {
+    /// Normalised base URL; also the worker's identity and metric label.
+    pub id: Arc<str>,
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    /// Path prefix before `/v1/...`, without trailing slash (usually empty).
+    pub path_prefix: Arc<str>,
+    pub labels: BTreeMap<String, String>,
+    /// xxh3 of `id`, computed once for rendezvous hashing.
+    pub id_hash: u64,
+    pub state: Arc<WorkerState>,
+}
+
+/// Live counters of a worker; atomics only, written on the request path.
+#[derive(Debug)]
+pub struct WorkerState {
+    pub in_flight: AtomicU64,
+    pub requests: AtomicU64,
+    pub failures: AtomicU64,
+    pub healthy: AtomicBool,
+    pub draining: AtomicBool,
+    /// Models from the worker's `/v1/models` (discovered pools only).
+    pub discovered_models: ArcSwap<Vec<String>>,
+}
+
+impl Default for WorkerState {
+    fn default() -> Self {
+        WorkerState {
+            in_flight: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+            draining: AtomicBool::new(false),
+            discovered_models: ArcSwap::from_pointee(Vec::new()),
+        }
+    }
+}
+
+impl Worker {
+    /// Build from a normalised URL (see `config::normalize_worker_url`).
+    pub fn new(
+        url: &str,
+        labels: BTreeMap<String, String>,
+        state: Arc<WorkerState>,
+    ) -> Result<Worker, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let parts = uri.into_parts();
+        let scheme = parts.scheme.ok_or_else(|| format!("{url}: no scheme"))?;
+        let authority = parts.authority.ok_or_else(|| format!("{url}: no host"))?;
+        let prefix = parts
+            .path_and_query
+            .map(|p| p.path().trim_end_matches('/').to_string())
+            .unwrap_or_default();
+        Ok(Worker {
+            id: Arc::from(url),
+            scheme,
+            authority,
+            path_prefix: Arc::from(prefix),
+            labels,
+            id_hash: xxhash_rust::xxh3::xxh3_64(url.as_bytes()),
+            state,
+        })
+    }
+
+    /// Eligible for new requests.
+    pub fn is_available(&self) -> bool {
+        self.state.healthy.load(Ordering::Relaxed) && !self.state.draining.load(Ordering::Relaxed)
+    }
+
+    /// Count a request as in flight until the guard drops.
+    pub fn begin(&self) -> InFlightGuard {
+        self.state.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.state.requests.fetch_add(1, Ordering::Relaxed);
+        InFlightGuard(self.state.clone())
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.state.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// Decrements the worker's in-flight count when the response body ends or is dropped.
+#[derive(Debug)]
+pub struct InFlightGuard(Arc<WorkerState>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_decrements_on_drop() {
+        let w = Worker::new("http://h:1/pre", BTreeMap::new(), Default::default()).unwrap();
+        assert_eq!(&*w.path_prefix, "/pre");
+        let g1 = w.begin();
+        let g2 = w.begin();
+        assert_eq!(w.in_flight(), 2);
+        drop(g1);
+        assert_eq!(w.in_flight(), 1);
+        drop(g2);
+        assert_eq!(w.in_flight(), 0);
+        assert_eq!(w.state.requests.load(Ordering::Relaxed), 2);
+    }
+}

@@ -1,0 +1,149 @@
+//! The gateway's one error type. Each variant knows its HTTP status, its OpenAI
+//! error type, a low-cardinality `reason` label, and whether another worker may be tried.
+
+use crate::api::ErrorBody;
+use http::{header, HeaderValue, Response, StatusCode};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("We could not parse the JSON body of your request: {0}")]
+    MalformedJson(String),
+    #[error("you must provide a model parameter")]
+    MissingModel,
+    #[error("The model `{0}` does not exist")]
+    UnknownModel(String),
+    #[error("Request body exceeds the limit of {0} bytes")]
+    BodyTooLarge(usize),
+    #[error("Failed to read the request body: {0}")]
+    BodyRead(String),
+    #[error("Unknown request URL: {0}")]
+    NotFound(String),
+    #[error("No healthy worker is available for model `{0}`")]
+    NoHealthyWorker(String),
+    #[error("Upstream {worker} is unreachable: {detail}")]
+    UpstreamConnect { worker: Arc<str>, detail: String },
+    #[error("Upstream {worker} failed: {detail}")]
+    UpstreamFailed { worker: Arc<str>, detail: String },
+    #[error("Upstream {worker} did not answer within {after:?}")]
+    UpstreamTimeout { worker: Arc<str>, after: Duration },
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        use GatewayError::*;
+        match self {
+            MalformedJson(_) | MissingModel | BodyRead(_) => StatusCode::BAD_REQUEST,
+            UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
+            BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            NoHealthyWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
+            UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Metric label.
+    pub fn reason(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            MalformedJson(_) => "malformed_json",
+            MissingModel => "missing_model",
+            UnknownModel(_) => "unknown_model",
+            BodyTooLarge(_) => "body_too_large",
+            BodyRead(_) => "body_read",
+            NotFound(_) => "not_found",
+            NoHealthyWorker(_) => "no_healthy_worker",
+            UpstreamConnect { .. } => "upstream_connect",
+            UpstreamFailed { .. } => "upstream_failed",
+            UpstreamTimeout { .. } => "upstream_timeout",
+        }
+    }
+
+    /// May the request be sent to another worker (nothing reached the client yet)?
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::UpstreamConnect { .. }
+                | GatewayError::UpstreamFailed { .. }
+                | GatewayError::UpstreamTimeout { .. }
+        )
+    }
+
+    fn openai_type(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            MalformedJson(_) | MissingModel | BodyRead(_) | UnknownModel(_) | NotFound(_)
+            | BodyTooLarge(_) => "invalid_request_error",
+            NoHealthyWorker(_) => "service_unavailable",
+            UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => {
+                "upstream_error"
+            }
+        }
+    }
+
+    fn param_and_code(&self) -> (Option<&'static str>, Option<&'static str>) {
+        use GatewayError::*;
+        match self {
+            MissingModel => (Some("model"), None),
+            UnknownModel(_) => (Some("model"), Some("model_not_found")),
+            BodyTooLarge(_) => (None, Some("request_too_large")),
+            NotFound(_) => (None, Some("unknown_url")),
+            _ => (None, None),
+        }
+    }
+
+    /// The error as an OpenAI-shaped JSON response.
+    pub fn to_response<B: From<bytes::Bytes>>(&self) -> Response<B> {
+        let msg = self.to_string();
+        let (param, code) = self.param_and_code();
+        let body = ErrorBody::new(&msg, self.openai_type(), param, code).to_bytes();
+        let mut resp = Response::new(B::from(body));
+        *resp.status_mut() = self.status();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_retryability() {
+        let w: Arc<str> = Arc::from("http://w");
+        let cases = [
+            (GatewayError::MalformedJson("x".into()), 400, false),
+            (GatewayError::MissingModel, 400, false),
+            (GatewayError::UnknownModel("m".into()), 404, false),
+            (GatewayError::BodyTooLarge(1), 413, false),
+            (GatewayError::NoHealthyWorker("m".into()), 503, false),
+            (
+                GatewayError::UpstreamConnect {
+                    worker: w.clone(),
+                    detail: "refused".into(),
+                },
+                502,
+                true,
+            ),
+            (
+                GatewayError::UpstreamTimeout {
+                    worker: w,
+                    after: Duration::from_secs(1),
+                },
+                504,
+                true,
+            ),
+        ];
+        for (e, status, retry) in cases {
+            assert_eq!(e.status().as_u16(), status, "{e}");
+            assert_eq!(e.retryable(), retry, "{e}");
+            let r: Response<bytes::Bytes> = e.to_response();
+            let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+            assert!(v["error"]["message"].is_string());
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! Forwarding: one request context through named phases — select a worker, prepare
+//! the upstream request, forward, retry elsewhere while nothing has reached the
+//! client, then hand the response body to the observer.
+
+mod client;
+mod error;
+mod forward;
+mod headers;
+pub mod observe;
+
+pub use client::{UpstreamBody, UpstreamClient};
+pub use error::GatewayError;
+pub use forward::{forward, ForwardContext};

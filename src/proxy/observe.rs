@@ -1,0 +1,386 @@
+//! The response observer: a pass-through body that forwards upstream frames
+//! untouched while it measures TTFT, inter-token gaps, tokens and usage, enforces
+//! the idle and total deadlines, and ends a failed SSE stream with an explicit error
+//! event. Metrics are recorded once, when the body ends or is dropped.
+
+use crate::api::ErrorBody;
+use crate::pool::InFlightGuard;
+use crate::telemetry::{self, names, Outcome, RequestMetrics};
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use memchr::memmem;
+use metrics::{counter, histogram, Histogram, SharedString};
+use serde::Deserialize;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::LazyLock;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::time::{Instant, Sleep};
+
+/// Longest partial SSE line carried between chunks; longer lines are classified
+/// from their first part only.
+const MAX_LINE_CARRY: usize = 64 * 1024;
+/// Bytes of a non-streamed body kept to find `usage` at its end.
+const TAIL_BYTES: usize = 8 * 1024;
+
+static USAGE: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\":"));
+/// Fields whose non-empty string value means the event carries generated output.
+static CONTENT_KEYS: LazyLock<[memmem::Finder<'static>; 5]> = LazyLock::new(|| {
+    [
+        memmem::Finder::new(b"\"content\":\""),
+        memmem::Finder::new(b"\"text\":\""),
+        memmem::Finder::new(b"\"delta\":\""),
+        memmem::Finder::new(b"\"arguments\":\""),
+        memmem::Finder::new(b"\"reasoning_content\":\""),
+    ]
+});
+
+/// OpenAI `usage` (only the fields we count).
+#[derive(Debug, Default, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub struct Usage {
+    #[serde(default, alias = "input_tokens")]
+    pub prompt_tokens: u64,
+    #[serde(default, alias = "output_tokens")]
+    pub completion_tokens: u64,
+    #[serde(default, alias = "input_tokens_details")]
+    pub prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize, PartialEq, Eq)]
+pub struct PromptDetails {
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+}
+
+/// Parse the `usage` object that starts right after `"usage":` in `rest`, if any.
+fn parse_usage(rest: &[u8]) -> Option<Usage> {
+    let mut it = serde_json::Deserializer::from_slice(rest).into_iter::<Option<Usage>>();
+    it.next().and_then(Result::ok).flatten()
+}
+
+/// Labels and limits for one observed response.
+pub struct ObserveParams {
+    pub start: Instant,
+    pub model: SharedString,
+    pub worker: SharedString,
+    pub endpoint: &'static str,
+    pub status: u16,
+    pub sse: bool,
+    pub idle: Duration,
+    pub deadline: Instant,
+    pub guard: InFlightGuard,
+}
+
+/// Measurements taken from the bytes as they pass.
+struct Observer {
+    p: ObserveParams,
+    itl: Histogram,
+    first_content: Option<Instant>,
+    last_content: Option<Instant>,
+    content_events: u64,
+    usage: Option<Usage>,
+    /// Partial SSE line carried to the next chunk.
+    line: Vec<u8>,
+    /// Last bytes of a non-SSE body.
+    tail: Vec<u8>,
+    outcome: Option<Outcome>,
+}
+
+impl Observer {
+    fn on_data(&mut self, chunk: &[u8], now: Instant) {
+        if !self.p.sse {
+            if chunk.len() >= TAIL_BYTES {
+                self.tail.clear();
+                self.tail
+                    .extend_from_slice(&chunk[chunk.len() - TAIL_BYTES..]);
+            } else {
+                let over = (self.tail.len() + chunk.len()).saturating_sub(TAIL_BYTES);
+                self.tail.drain(..over);
+                self.tail.extend_from_slice(chunk);
+            }
+            return;
+        }
+        let mut rest = chunk;
+        if !self.line.is_empty() {
+            match memchr::memchr(b'\n', rest) {
+                None => {
+                    self.carry(rest);
+                    return;
+                }
+                Some(i) => {
+                    self.carry(&rest[..i]);
+                    let line = std::mem::take(&mut self.line);
+                    self.on_line(&line, now);
+                    self.line = line;
+                    self.line.clear();
+                    rest = &rest[i + 1..];
+                }
+            }
+        }
+        while let Some(i) = memchr::memchr(b'\n', rest) {
+            self.on_line(&rest[..i], now);
+            rest = &rest[i + 1..];
+        }
+        self.carry(rest);
+    }
+
+    fn carry(&mut self, bytes: &[u8]) {
+        let room = MAX_LINE_CARRY.saturating_sub(self.line.len());
+        self.line.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    fn on_line(&mut self, line: &[u8], now: Instant) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let data = data.strip_prefix(b" ").unwrap_or(data);
+        if data == b"[DONE]" {
+            return;
+        }
+        if let Some(pos) = USAGE.find(data) {
+            if let Some(u) = parse_usage(&data[pos + 8..]) {
+                self.usage = Some(u);
+            }
+        }
+        if carries_content(data) {
+            match self.last_content {
+                None => self.first_content = Some(now),
+                Some(prev) => self.itl.record(now.duration_since(prev).as_secs_f64()),
+            }
+            self.last_content = Some(now);
+            self.content_events += 1;
+        }
+    }
+
+    fn on_end(&mut self) {
+        if !self.p.sse {
+            if let Some(pos) = memmem::rfind(&self.tail, b"\"usage\":") {
+                self.usage = parse_usage(&self.tail[pos + 8..]);
+            }
+        } else if !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            self.on_line(&line, Instant::now());
+        }
+    }
+}
+
+fn carries_content(data: &[u8]) -> bool {
+    CONTENT_KEYS.iter().any(|f| {
+        f.find_iter(data)
+            .any(|i| data.get(i + f.needle().len()).is_some_and(|&b| b != b'"'))
+    })
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        let u = self.usage.unwrap_or_default();
+        let m = RequestMetrics {
+            ttft: self.first_content.map(|t| t.duration_since(self.p.start)),
+            e2e: self.p.start.elapsed(),
+            prompt_tokens: self.usage.map(|u| u.prompt_tokens),
+            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            output_tokens: if self.usage.is_some() {
+                u.completion_tokens
+            } else {
+                self.content_events
+            },
+        };
+        telemetry::record_request(
+            &self.p.model,
+            &self.p.worker,
+            self.p.endpoint,
+            self.p.status,
+            outcome,
+            &m,
+        );
+    }
+}
+
+enum Phase {
+    Streaming,
+    /// The upstream failed; the error event (if SSE) is still to be sent.
+    Failing(Option<Bytes>),
+    Done,
+}
+
+/// The response body handed to the client.
+pub struct ObservedBody<B> {
+    inner: Pin<Box<B>>,
+    timer: Pin<Box<Sleep>>,
+    last_activity: Instant,
+    obs: Observer,
+    phase: Phase,
+}
+
+impl<B> ObservedBody<B> {
+    pub fn new(inner: B, p: ObserveParams) -> Self {
+        let now = Instant::now();
+        let itl = histogram!(
+            names::ITL_SECONDS,
+            names::L_MODEL => p.model.clone(),
+            names::L_WORKER => p.worker.clone()
+        );
+        let first = (now + p.idle).min(p.deadline);
+        ObservedBody {
+            inner: Box::pin(inner),
+            timer: Box::pin(tokio::time::sleep_until(first)),
+            last_activity: now,
+            obs: Observer {
+                p,
+                itl,
+                first_content: None,
+                last_content: None,
+                content_events: 0,
+                usage: None,
+                line: Vec::new(),
+                tail: Vec::new(),
+                outcome: None,
+            },
+            phase: Phase::Streaming,
+        }
+    }
+
+    fn fail(&mut self, reason: &'static str, message: &str) {
+        counter!(
+            names::STREAM_ERRORS_TOTAL,
+            names::L_MODEL => self.obs.p.model.clone(),
+            names::L_WORKER => self.obs.p.worker.clone(),
+            names::L_REASON => reason
+        )
+        .increment(1);
+        tracing::warn!(worker = %self.obs.p.worker, reason, "response failed mid-body");
+        self.obs.outcome = Some(Outcome::Error);
+        let event =
+            self.obs.p.sse.then(|| {
+                ErrorBody::new(message, "upstream_error", None, Some(reason)).to_sse_event()
+            });
+        self.phase = Phase::Failing(event);
+    }
+}
+
+impl<B> Body for ObservedBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        loop {
+            match &mut this.phase {
+                Phase::Done => return Poll::Ready(None),
+                Phase::Failing(event) => {
+                    return match event.take() {
+                        Some(ev) => Poll::Ready(Some(Ok(Frame::data(ev)))),
+                        None if this.obs.p.sse => {
+                            this.phase = Phase::Done;
+                            Poll::Ready(None)
+                        }
+                        None => {
+                            this.phase = Phase::Done;
+                            // Not SSE: abort the body so the client sees the truncation.
+                            Poll::Ready(Some(Err("upstream failed mid-response".into())))
+                        }
+                    };
+                }
+                Phase::Streaming => {}
+            }
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    let now = Instant::now();
+                    this.last_activity = now;
+                    if let Some(data) = frame.data_ref() {
+                        this.obs.on_data(data, now);
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let msg = format!("The upstream worker failed mid-response: {e}");
+                    this.fail("upstream_reset", &msg);
+                    continue;
+                }
+                Poll::Ready(None) => {
+                    this.obs.on_end();
+                    this.obs.outcome = Some(Outcome::Completed);
+                    this.phase = Phase::Done;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {}
+            }
+            // Deadlines: the timer is re-armed lazily, only when it fires early.
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let due = (this.last_activity + this.obs.p.idle).min(this.obs.p.deadline);
+            if Instant::now() >= due {
+                let (reason, msg) = if due == this.obs.p.deadline {
+                    (
+                        "total_timeout",
+                        "The request exceeded the gateway's total timeout",
+                    )
+                } else {
+                    ("idle_timeout", "The upstream worker stopped sending data")
+                };
+                this.fail(reason, msg);
+                continue;
+            }
+            this.timer.as_mut().reset(due);
+            if this.timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.phase {
+            Phase::Streaming => self.inner.size_hint(),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_detection() {
+        assert!(!carries_content(
+            br#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#
+        ));
+        assert!(carries_content(
+            br#"{"choices":[{"delta":{"content":"Hi"}}]}"#
+        ));
+        assert!(carries_content(br#"{"choices":[{"text":" there"}]}"#));
+        assert!(carries_content(
+            br#"{"type":"response.output_text.delta","delta":"x"}"#
+        ));
+        assert!(!carries_content(
+            br#"{"choices":[],"usage":{"prompt_tokens":3}}"#
+        ));
+    }
+
+    #[test]
+    fn usage_parses_after_key() {
+        let data = br#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":5,"total_tokens":17,"prompt_tokens_details":{"cached_tokens":8}}}"#;
+        let pos = USAGE.find(data).unwrap();
+        let u = parse_usage(&data[pos + 8..]).unwrap();
+        assert_eq!(u.prompt_tokens, 12);
+        assert_eq!(u.completion_tokens, 5);
+        assert_eq!(u.prompt_tokens_details.unwrap().cached_tokens, Some(8));
+        assert!(parse_usage(b"null,\"x\":1}").is_none());
+    }
+}

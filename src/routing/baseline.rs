@@ -1,0 +1,112 @@
+//! Baseline policies: round robin and uniform random. They ignore load and
+//! prefixes, which makes them the yardstick the real policies are measured against.
+
+use super::{Decision, Policy, Reason, RouteRequest};
+use crate::pool::Worker;
+use rand::Rng;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Next acceptable worker after a shared rotating cursor.
+#[derive(Default)]
+pub struct RoundRobin {
+    next: AtomicUsize,
+}
+
+impl Policy for RoundRobin {
+    fn name(&self) -> &'static str {
+        "round_robin"
+    }
+
+    fn pick(
+        &self,
+        _req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+    ) -> Option<Decision> {
+        let n = workers.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| accept(i))
+            .map(|index| Decision {
+                index,
+                reason: Reason::RoundRobin,
+            })
+    }
+}
+
+/// A uniformly random acceptable worker.
+pub struct RandomPolicy;
+
+impl Policy for RandomPolicy {
+    fn name(&self) -> &'static str {
+        "random"
+    }
+
+    fn pick(
+        &self,
+        _req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+    ) -> Option<Decision> {
+        let n = workers.len();
+        if n == 0 {
+            return None;
+        }
+        let start = rand::thread_rng().gen_range(0..n);
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&i| accept(i))
+            .map(|index| Decision {
+                index,
+                reason: Reason::Random,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::RequestInfo;
+    use crate::routing::test_support::workers;
+
+    fn req(info: &RequestInfo) -> RouteRequest<'_> {
+        RouteRequest {
+            info,
+            session: None,
+        }
+    }
+
+    #[test]
+    fn round_robin_cycles_and_skips_refused() {
+        let ws = workers(3);
+        let info = RequestInfo::default();
+        let rr = RoundRobin::default();
+        let picks: Vec<usize> = (0..6)
+            .map(|_| rr.pick(&req(&info), &ws, &|_| true).unwrap().index)
+            .collect();
+        assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
+        for _ in 0..6 {
+            assert_ne!(rr.pick(&req(&info), &ws, &|i| i != 1).unwrap().index, 1);
+        }
+        assert!(rr.pick(&req(&info), &ws, &|_| false).is_none());
+        assert!(rr.pick(&req(&info), &[], &|_| true).is_none());
+    }
+
+    #[test]
+    fn random_covers_all_and_honours_accept() {
+        let ws = workers(4);
+        let info = RequestInfo::default();
+        let mut seen = [0u32; 4];
+        for _ in 0..400 {
+            let d = RandomPolicy.pick(&req(&info), &ws, &|i| i != 2).unwrap();
+            seen[d.index] += 1;
+        }
+        assert_eq!(seen[2], 0);
+        assert!(seen[0] > 50 && seen[1] > 50 && seen[3] > 50, "{seen:?}");
+    }
+}

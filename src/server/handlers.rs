@@ -1,0 +1,136 @@
+//! Route handlers: the proxy entry point and the gateway's own endpoints.
+
+use super::{request_id, Gateway};
+use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
+use crate::proxy::{self, ForwardContext, GatewayError};
+use crate::telemetry;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use http::{header, HeaderValue, StatusCode};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// Any inference endpoint: read the body, inspect it, route and forward.
+pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let start = Instant::now();
+    let (parts, body) = req.into_parts();
+    let request_id = request_id::get_or_make(&parts.headers);
+    let endpoint = Endpoint::from_path(parts.uri.path());
+    let snap = gw.registry.snapshot();
+    let server = &snap.config.server;
+    let mut model: Option<String> = None;
+    let result = async {
+        let body = read_body(body, &parts.headers, server.max_body_bytes).await?;
+        let info = api::inspect(&body)
+            .map_err(|InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
+        model = info.model.clone();
+        let name = info
+            .model
+            .as_deref()
+            .ok_or(if endpoint == Endpoint::Other {
+                GatewayError::NotFound(parts.uri.path().to_string())
+            } else {
+                GatewayError::MissingModel
+            })?;
+        let route = snap
+            .route(name)
+            .ok_or_else(|| GatewayError::UnknownModel(name.to_string()))?;
+        proxy::forward(ForwardContext {
+            client: &gw.client,
+            route,
+            parts: &parts,
+            body,
+            info: &info,
+            endpoint,
+            request_id: &request_id,
+            timeouts: server.timeouts,
+            debug_headers: server.debug_headers,
+            start,
+        })
+        .await
+    }
+    .await;
+    let mut resp = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // Only known model names become labels; anything else is "none".
+            let known = model.as_deref().filter(|m| snap.route(m).is_some());
+            telemetry::record_gateway_error(known, e.reason(), e.status().as_u16());
+            e.to_response()
+        }
+    };
+    resp.headers_mut().insert(request_id::HEADER, request_id);
+    resp
+}
+
+async fn read_body(
+    body: Body,
+    headers: &http::HeaderMap,
+    limit: usize,
+) -> Result<Bytes, GatewayError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(GatewayError::BodyTooLarge(limit));
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(GatewayError::BodyTooLarge(limit))
+        }
+        Err(e) => Err(GatewayError::BodyRead(e.to_string())),
+    }
+}
+
+/// `GET /v1/models`: every model name and alias the gateway serves.
+pub async fn models(State(gw): State<Arc<Gateway>>) -> Json<ModelList> {
+    Json(ModelList::new(gw.registry.snapshot().model_names()))
+}
+
+/// `GET /health`: the process is alive.
+pub async fn health() -> &'static str {
+    "ok"
+}
+
+/// `GET /ready`: every model has a worker that can take a request, and the
+/// gateway is not shutting down.
+pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
+    if !gw.is_shutting_down() && gw.registry.snapshot().is_ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let text = telemetry::render(&gw.metrics, &gw.registry.snapshot());
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Unknown paths: `/v1/...` with a JSON body naming a model goes to that model's
+/// pool; anything else is a 404 in OpenAI's shape.
+pub async fn fallback(state: State<Arc<Gateway>>, req: Request) -> Response {
+    if req.uri().path().starts_with("/v1/") && req.method() == http::Method::POST {
+        return proxy(state, req).await;
+    }
+    let e = GatewayError::NotFound(req.uri().path().to_string());
+    telemetry::record_gateway_error(None, e.reason(), 404);
+    let mut resp: Response = e.to_response();
+    resp.headers_mut()
+        .insert(request_id::HEADER, request_id::get_or_make(req.headers()));
+    resp
+}

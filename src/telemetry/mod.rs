@@ -1,0 +1,190 @@
+//! Metrics: names and label keys in [`names`], the Prometheus recorder, and the
+//! per-request [`RequestMetrics`] recorded once when a response finishes or is dropped.
+
+pub mod names;
+
+use crate::pool::Snapshot;
+use metrics::{counter, gauge, histogram, SharedString};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Latency buckets (seconds): from 1 ms (inter-token gaps) to 120 s (long TTFTs).
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
+];
+
+/// Install the process-wide Prometheus recorder (idempotent) and return its handle.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .expect("static buckets are valid")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder may already be set (e.g. by an embedding program); then
+            // our handle renders only what we describe, which is still valid text.
+            let _ = metrics::set_global_recorder(recorder);
+            names::describe();
+            handle
+        })
+        .clone()
+}
+
+/// Render the exposition text, refreshing the worker gauges from their atomics first.
+pub fn render(handle: &PrometheusHandle, snap: &Snapshot) -> String {
+    for w in snap.workers() {
+        let id = SharedString::from(w.id.to_string());
+        gauge!(names::WORKER_IN_FLIGHT, names::L_WORKER => id.clone())
+            .set(w.state.in_flight.load(Ordering::Relaxed) as f64);
+        gauge!(names::WORKER_HEALTHY, names::L_WORKER => id).set(if w.is_available() {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    handle.render()
+}
+
+/// How a request ended, for the `outcome` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The response body was delivered completely.
+    Completed,
+    /// The client went away before the end.
+    Cancelled,
+    /// The upstream failed or timed out mid-response.
+    Error,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// What one proxied request measured.
+#[derive(Debug, Default)]
+pub struct RequestMetrics {
+    pub ttft: Option<Duration>,
+    pub e2e: Duration,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub output_tokens: u64,
+}
+
+/// Record a finished proxied request.
+pub fn record_request(
+    model: &SharedString,
+    worker: &SharedString,
+    endpoint: &'static str,
+    status: u16,
+    outcome: Outcome,
+    m: &RequestMetrics,
+) {
+    let labels = [
+        (names::L_MODEL, model.clone()),
+        (names::L_WORKER, worker.clone()),
+    ];
+    counter!(
+        names::REQUESTS_TOTAL,
+        names::L_MODEL => model.clone(),
+        names::L_WORKER => worker.clone(),
+        names::L_ENDPOINT => endpoint,
+        names::L_STATUS => status_label(status),
+        names::L_OUTCOME => outcome.as_str()
+    )
+    .increment(1);
+    histogram!(names::E2E_SECONDS, &labels).record(m.e2e.as_secs_f64());
+    if let Some(t) = m.ttft {
+        histogram!(names::TTFT_SECONDS, &labels).record(t.as_secs_f64());
+    }
+    let tokens = |kind: &'static str, n: u64| {
+        if n > 0 {
+            counter!(
+                names::TOKENS_TOTAL,
+                names::L_MODEL => model.clone(),
+                names::L_WORKER => worker.clone(),
+                names::L_KIND => kind
+            )
+            .increment(n);
+        }
+    };
+    tokens("prompt", m.prompt_tokens.unwrap_or(0));
+    tokens("cached", m.cached_tokens.unwrap_or(0));
+    tokens("output", m.output_tokens);
+}
+
+/// Record one inter-token gap.
+pub fn record_itl(model: &SharedString, worker: &SharedString, gap: Duration) {
+    histogram!(
+        names::ITL_SECONDS,
+        names::L_MODEL => model.clone(),
+        names::L_WORKER => worker.clone()
+    )
+    .record(gap.as_secs_f64());
+}
+
+/// Record a request the gateway answered itself with an error.
+pub fn record_gateway_error(model: Option<&str>, reason: &'static str, status: u16) {
+    counter!(
+        names::GATEWAY_ERRORS_TOTAL,
+        names::L_REASON => reason,
+        names::L_STATUS => status_label(status),
+        names::L_MODEL => SharedString::from(model.unwrap_or("none").to_string())
+    )
+    .increment(1);
+}
+
+/// Record one upstream attempt and its result.
+pub fn record_attempt(worker: &SharedString, result: &'static str) {
+    counter!(
+        names::UPSTREAM_ATTEMPTS_TOTAL,
+        names::L_WORKER => worker.clone(),
+        names::L_RESULT => result
+    )
+    .increment(1);
+}
+
+/// Record a routing decision.
+pub fn record_decision(pool: &SharedString, policy: &'static str, reason: &'static str) {
+    counter!(
+        names::ROUTING_DECISIONS_TOTAL,
+        names::L_POOL => pool.clone(),
+        names::L_POLICY => policy,
+        names::L_REASON => reason
+    )
+    .increment(1);
+}
+
+/// A status code as a static label (no allocation for the common ones).
+pub fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        400 => "400",
+        401 => "401",
+        403 => "403",
+        404 => "404",
+        408 => "408",
+        413 => "413",
+        422 => "422",
+        429 => "429",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        s if s < 300 => "2xx",
+        s if s < 400 => "3xx",
+        s if s < 500 => "4xx",
+        _ => "5xx",
+    }
+}

@@ -1,0 +1,78 @@
+//! Every metric name, label key and help text, in one place. Tests and docs import
+//! these rather than retyping strings.
+
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+
+pub const REQUESTS_TOTAL: &str = "switchyard_requests_total";
+pub const TTFT_SECONDS: &str = "switchyard_ttft_seconds";
+pub const ITL_SECONDS: &str = "switchyard_itl_seconds";
+pub const E2E_SECONDS: &str = "switchyard_e2e_seconds";
+pub const TOKENS_TOTAL: &str = "switchyard_tokens_total";
+pub const GATEWAY_ERRORS_TOTAL: &str = "switchyard_gateway_errors_total";
+pub const UPSTREAM_ATTEMPTS_TOTAL: &str = "switchyard_upstream_attempts_total";
+pub const STREAM_ERRORS_TOTAL: &str = "switchyard_stream_errors_total";
+pub const ROUTING_DECISIONS_TOTAL: &str = "switchyard_routing_decisions_total";
+pub const WORKER_IN_FLIGHT: &str = "switchyard_worker_in_flight";
+pub const WORKER_HEALTHY: &str = "switchyard_worker_healthy";
+
+pub const L_MODEL: &str = "model";
+pub const L_WORKER: &str = "worker";
+pub const L_POOL: &str = "pool";
+pub const L_ENDPOINT: &str = "endpoint";
+pub const L_STATUS: &str = "status";
+pub const L_OUTCOME: &str = "outcome";
+pub const L_KIND: &str = "kind";
+pub const L_REASON: &str = "reason";
+pub const L_RESULT: &str = "result";
+pub const L_POLICY: &str = "policy";
+
+/// Register help text and units for every metric.
+pub fn describe() {
+    describe_counter!(
+        REQUESTS_TOTAL,
+        "Proxied requests by model, worker, endpoint, final status and outcome (completed, cancelled, error)."
+    );
+    describe_histogram!(
+        TTFT_SECONDS,
+        Unit::Seconds,
+        "Time from request arrival at the gateway to the first response event carrying generated content."
+    );
+    describe_histogram!(
+        ITL_SECONDS,
+        Unit::Seconds,
+        "Gap between successive content events of a streamed response."
+    );
+    describe_histogram!(
+        E2E_SECONDS,
+        Unit::Seconds,
+        "Time from request arrival to the end of the response body."
+    );
+    describe_counter!(
+        TOKENS_TOTAL,
+        "Tokens by kind: prompt and cached (from usage) and output (usage, else counted content events)."
+    );
+    describe_counter!(
+        GATEWAY_ERRORS_TOTAL,
+        "Requests the gateway answered with its own error, by reason and status."
+    );
+    describe_counter!(
+        UPSTREAM_ATTEMPTS_TOTAL,
+        "Upstream attempts by worker and result (ok, connect_error, timeout, status_5xx, status_429, ...)."
+    );
+    describe_counter!(
+        STREAM_ERRORS_TOTAL,
+        "Responses that failed after the first byte reached the client, by reason."
+    );
+    describe_counter!(
+        ROUTING_DECISIONS_TOTAL,
+        "Routing decisions by pool, policy and reason."
+    );
+    describe_gauge!(
+        WORKER_IN_FLIGHT,
+        "Requests in flight per worker, as counted by the gateway."
+    );
+    describe_gauge!(
+        WORKER_HEALTHY,
+        "1 when the worker takes new requests, 0 when ejected or draining."
+    );
+}
