@@ -42,7 +42,7 @@ async fn client_errors() {
     let (up, _tx) = Scripted::start().await;
     let gw = gateway(&format!(
         "[server]\nmax_body_bytes = 1024\n{}",
-        pool_toml("scripted", &[up.url.clone()], "aliases = [\"alias-a\"]")
+        pool_toml("scripted", &[up.url.as_str()], "aliases = [\"alias-a\"]")
     ))
     .await;
     let url = gw.url();
@@ -122,7 +122,7 @@ async fn client_errors() {
 #[tokio::test]
 async fn refused_upstream_is_502_and_no_healthy_worker_is_503() {
     let dead = dead_url().await;
-    let gw = gateway(&pool_toml("m", &[dead], "max_attempts = 2")).await;
+    let gw = gateway(&pool_toml("m", &[dead.as_str()], "max_attempts = 2")).await;
     let url = gw.url();
     let (s, v) = post(&url, r#"{"model":"m","messages":[]}"#).await;
     assert_eq!(s, 502);
@@ -145,7 +145,7 @@ async fn refused_upstream_is_502_and_no_healthy_worker_is_503() {
 async fn a_refused_worker_fails_over_to_a_live_one() {
     let dead = dead_url().await;
     let (up, _tx) = Scripted::start().await;
-    let gw = gateway(&pool_toml("scripted", &[dead, up.url.clone()], "")).await;
+    let gw = gateway(&pool_toml("scripted", &[dead.as_str(), up.url.as_str()], "")).await;
     for _ in 0..6 {
         let (s, _) = post(&gw.url(), r#"{"model":"scripted","messages":[]}"#).await;
         assert_eq!(s, 200);
@@ -166,7 +166,7 @@ async fn silent_upstream_is_504_after_first_byte_timeout() {
     });
     let gw = gateway(&format!(
         "[server]\n[server.timeouts]\nfirst_byte_ms = 300\n{}",
-        pool_toml("m", &[url], "max_attempts = 1")
+        pool_toml("m", &[url.as_str()], "max_attempts = 1")
     ))
     .await;
     let t = Instant::now();
@@ -183,7 +183,7 @@ async fn a_stream_that_goes_quiet_ends_with_an_error_event() {
     let (up, tx) = Scripted::start().await;
     let gw = gateway(&format!(
         "[server]\n[server.timeouts]\nidle_ms = 300\n{}",
-        pool_toml("scripted", &[up.url.clone()], "")
+        pool_toml("scripted", &[up.url.as_str()], "")
     ))
     .await;
     let resp = client()

@@ -11,7 +11,7 @@ use support::{client, gateway, pool_toml};
 #[tokio::test]
 async fn client_credentials_stay_at_the_edge_and_request_id_round_trips() {
     let (up, _tx) = Scripted::start().await;
-    let gw = gateway(&pool_toml("scripted", &[up.url.clone()], "")).await;
+    let gw = gateway(&pool_toml("scripted", &[up.url.as_str()], "")).await;
     let resp = client()
         .post(format!("{}/v1/chat/completions", gw.url()))
         .header("authorization", "Bearer client-secret")
@@ -47,7 +47,7 @@ async fn pool_key_is_injected_and_client_auth_passes_only_when_configured() {
     std::env::set_var("SWITCHYARD_TEST_UPSTREAM_KEY", "pool-key");
     let gw = gateway(&pool_toml(
         "scripted",
-        &[up.url.clone()],
+        &[up.url.as_str()],
         "upstream_api_key_env = \"SWITCHYARD_TEST_UPSTREAM_KEY\"",
     ))
     .await;
@@ -65,7 +65,7 @@ async fn pool_key_is_injected_and_client_auth_passes_only_when_configured() {
 
     let gw = gateway(&pool_toml(
         "scripted",
-        &[up.url.clone()],
+        &[up.url.as_str()],
         "pass_client_auth = true",
     ))
     .await;
@@ -76,11 +76,10 @@ async fn pool_key_is_injected_and_client_auth_passes_only_when_configured() {
         .send()
         .await
         .unwrap();
-    let rec = up.recorded.lock().unwrap();
-    assert_eq!(rec.headers[0]["authorization"], "Bearer pool-key");
-    assert_eq!(rec.headers[0]["x-request-id"], id);
-    assert_eq!(rec.headers[1]["authorization"], "Bearer client-secret");
-    drop(rec);
+    let rec = std::mem::take(&mut up.recorded.lock().unwrap().headers);
+    assert_eq!(rec[0]["authorization"], "Bearer pool-key");
+    assert_eq!(rec[0]["x-request-id"], id);
+    assert_eq!(rec[1]["authorization"], "Bearer client-secret");
     gw.shutdown().await;
 }
 
@@ -89,7 +88,7 @@ async fn pool_key_is_injected_and_client_auth_passes_only_when_configured() {
 #[tokio::test]
 async fn sse_events_are_not_buffered() {
     let (up, tx) = Scripted::start().await;
-    let gw = gateway(&pool_toml("scripted", &[up.url.clone()], "")).await;
+    let gw = gateway(&pool_toml("scripted", &[up.url.as_str()], "")).await;
     let resp = client()
         .post(format!("{}/v1/chat/completions", gw.url()))
         .body(r#"{"model":"scripted","stream":true,"messages":[]}"#)

@@ -22,7 +22,7 @@ pub async fn gateway(toml: &str) -> ServerHandle {
 }
 
 /// A one-pool config over `urls` serving `model`.
-pub fn pool_toml(model: &str, urls: &[String], extra_pool_lines: &str) -> String {
+pub fn pool_toml(model: &str, urls: &[&str], extra_pool_lines: &str) -> String {
     let workers: Vec<String> = urls
         .iter()
         .map(|u| format!("{{ url = \"{u}\" }}"))
