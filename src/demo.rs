@@ -68,7 +68,8 @@ pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>
         "  curl -N http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n"
     );
     println!("Press Ctrl-C to stop.");
-    server::serve(listener, gw, shutdown, server::DEFAULT_DRAIN_DEADLINE).await?;
+    let drain = gw.registry.config().server.drain_timeout;
+    server::serve(listener, gw, shutdown, drain).await?;
     for s in sims {
         s.shutdown().await;
     }

@@ -2,8 +2,10 @@
 //! Built from config plus discovered models whenever either changes, then swapped
 //! atomically; requests in flight keep the snapshot they started with.
 
+use super::admission::AdmissionQueue;
 use super::worker::{Worker, WorkerState};
-use crate::config::{Config, PoolConfig};
+use crate::config::{Config, PoolConfig, WorkerConfig};
+use crate::proxy::retry_budget::RetryBudget;
 use crate::routing::{self, Policy};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
@@ -18,6 +20,9 @@ pub struct PoolRuntime {
     pub workers: Vec<Arc<Worker>>,
     /// `Authorization` value injected upstream, when the pool has an API key.
     pub upstream_auth: Option<HeaderValue>,
+    pub retry_budget: Arc<RetryBudget>,
+    /// Present when the pool limits concurrency per worker.
+    pub queue: Option<Arc<AdmissionQueue>>,
 }
 
 /// Where requests for one model name go.
@@ -79,6 +84,13 @@ pub struct Registry {
     current: ArcSwap<Snapshot>,
     config: ArcSwap<Config>,
     states: DashMap<Arc<str>, Arc<WorkerState>>,
+    /// Workers added at run time (admin API, DNS), by pool name.
+    dynamic: DashMap<String, Vec<WorkerConfig>>,
+    /// Configured workers removed through the admin API, by URL.
+    removed: DashMap<String, ()>,
+    /// Per-pool state that outlives rebuilds.
+    budgets: DashMap<String, Arc<RetryBudget>>,
+    queues: DashMap<String, Arc<AdmissionQueue>>,
 }
 
 impl Registry {
@@ -92,6 +104,10 @@ impl Registry {
             }),
             config: ArcSwap::new(config),
             states: DashMap::new(),
+            dynamic: DashMap::new(),
+            removed: DashMap::new(),
+            budgets: DashMap::new(),
+            queues: DashMap::new(),
         };
         reg.rebuild();
         Arc::new(reg)
@@ -106,10 +122,70 @@ impl Registry {
         self.config.load_full()
     }
 
-    /// Replace the configuration (already validated) and rebuild.
+    /// Replace the configuration (already validated) and rebuild. Workers whose URL
+    /// is unchanged keep their live state; per-pool budgets and queues are rebuilt
+    /// for pools whose settings changed.
     pub fn apply_config(&self, config: Config) {
+        let old = self.config.load_full();
+        for p in &config.pools {
+            let same = old.pools.iter().any(|o| {
+                o.name == p.name
+                    && o.retry_budget_ratio == p.retry_budget_ratio
+                    && o.retry_budget_min == p.retry_budget_min
+                    && o.queue_size == p.queue_size
+                    && o.queue_timeout == p.queue_timeout
+            });
+            if !same {
+                self.budgets.remove(&p.name);
+                self.queues.remove(&p.name);
+            }
+        }
         self.config.store(Arc::new(config));
         self.rebuild();
+    }
+
+    /// Add a worker to a pool at run time. Errors name the problem.
+    pub fn add_worker(&self, pool: &str, worker: WorkerConfig) -> Result<(), String> {
+        let config = self.config.load_full();
+        if !config.pools.iter().any(|p| p.name == pool) {
+            return Err(format!("no pool named `{pool}`"));
+        }
+        self.removed.remove(&worker.url);
+        let mut list = self.dynamic.entry(pool.to_string()).or_default();
+        if !list.iter().any(|w| w.url == worker.url) {
+            list.push(worker);
+        }
+        drop(list);
+        self.rebuild();
+        Ok(())
+    }
+
+    /// Remove a worker (configured or added) from every pool. In-flight requests finish.
+    pub fn remove_worker(&self, url: &str) -> bool {
+        let known = self.snapshot().workers().any(|w| &*w.id == url);
+        if known {
+            self.removed.insert(url.to_string(), ());
+            for mut list in self.dynamic.iter_mut() {
+                list.retain(|w| w.url != url);
+            }
+            self.rebuild();
+        }
+        known
+    }
+
+    /// Replace the DNS-discovered workers of a pool; rebuilds only on change.
+    pub fn set_discovered_workers(&self, pool: &str, workers: Vec<WorkerConfig>) {
+        let key = format!("dns:{pool}");
+        if self.dynamic.get(&key).is_some_and(|w| *w == workers) {
+            return;
+        }
+        self.dynamic.insert(key, workers);
+        self.rebuild();
+    }
+
+    /// Live state of a worker by URL.
+    pub fn worker_state(&self, url: &str) -> Option<Arc<WorkerState>> {
+        self.states.get(url).map(|s| s.clone())
     }
 
     /// Rebuild the snapshot from the config and the discovered models.
@@ -118,8 +194,18 @@ impl Registry {
         let mut pools = Vec::new();
         let mut routes: HashMap<String, Arc<ModelRoute>> = HashMap::new();
         for pc in &config.pools {
-            let workers: Vec<Arc<Worker>> = pc
-                .workers
+            let mut worker_cfgs: Vec<WorkerConfig> = pc.workers.clone();
+            for key in [pc.name.clone(), format!("dns:{}", pc.name)] {
+                if let Some(extra) = self.dynamic.get(&key) {
+                    for w in extra.iter() {
+                        if !worker_cfgs.iter().any(|c| c.url == w.url) {
+                            worker_cfgs.push(w.clone());
+                        }
+                    }
+                }
+            }
+            worker_cfgs.retain(|w| !self.removed.contains_key(&w.url));
+            let workers: Vec<Arc<Worker>> = worker_cfgs
                 .iter()
                 .filter_map(|wc| {
                     let state = self
@@ -144,11 +230,32 @@ impl Registry {
                     v.set_sensitive(true);
                     v
                 });
+            let retry_budget = self
+                .budgets
+                .entry(pc.name.clone())
+                .or_insert_with(|| {
+                    Arc::new(RetryBudget::new(pc.retry_budget_ratio, pc.retry_budget_min))
+                })
+                .clone();
+            let queue = (pc.max_concurrency_per_worker > 0).then(|| {
+                self.queues
+                    .entry(pc.name.clone())
+                    .or_insert_with(|| {
+                        Arc::new(AdmissionQueue::new(
+                            pc.name.clone().into(),
+                            pc.queue_size,
+                            pc.queue_timeout,
+                        ))
+                    })
+                    .clone()
+            });
             let pool = Arc::new(PoolRuntime {
                 name: Arc::from(pc.name.as_str()),
                 config: pc.clone(),
                 workers: workers.clone(),
                 upstream_auth,
+                retry_budget,
+                queue,
             });
             // model name → workers serving it
             let mut served: Vec<(String, Vec<Arc<Worker>>)> = Vec::new();

@@ -1,5 +1,7 @@
 //! One upstream engine and its shared live state.
 
+use super::admission::AdmissionQueue;
+use super::health::HealthState;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +33,7 @@ pub struct WorkerState {
     pub draining: AtomicBool,
     /// Models from the worker's `/v1/models` (discovered pools only).
     pub discovered_models: ArcSwap<Vec<String>>,
+    pub health: HealthState,
 }
 
 impl Default for WorkerState {
@@ -42,6 +45,7 @@ impl Default for WorkerState {
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             discovered_models: ArcSwap::from_pointee(Vec::new()),
+            health: HealthState::default(),
         }
     }
 }
@@ -72,16 +76,22 @@ impl Worker {
         })
     }
 
-    /// Eligible for new requests.
+    /// Eligible for new requests: not ejected, not draining, not cooling down after a 429.
     pub fn is_available(&self) -> bool {
-        self.state.healthy.load(Ordering::Relaxed) && !self.state.draining.load(Ordering::Relaxed)
+        self.state.healthy.load(Ordering::Relaxed)
+            && !self.state.draining.load(Ordering::Relaxed)
+            && !self.state.health.overloaded.load(Ordering::Relaxed)
     }
 
-    /// Count a request as in flight until the guard drops.
-    pub fn begin(&self) -> InFlightGuard {
+    /// Count a request as in flight until the guard drops; the guard then wakes a
+    /// request waiting in `queue`, if any.
+    pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>) -> InFlightGuard {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
-        InFlightGuard(self.state.clone())
+        InFlightGuard {
+            state: self.state.clone(),
+            queue: queue.cloned(),
+        }
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -90,12 +100,23 @@ impl Worker {
 }
 
 /// Decrements the worker's in-flight count when the response body ends or is dropped.
-#[derive(Debug)]
-pub struct InFlightGuard(Arc<WorkerState>);
+pub struct InFlightGuard {
+    state: Arc<WorkerState>,
+    queue: Option<Arc<AdmissionQueue>>,
+}
+
+impl InFlightGuard {
+    pub fn state(&self) -> &Arc<WorkerState> {
+        &self.state
+    }
+}
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if let Some(q) = &self.queue {
+            q.release();
+        }
     }
 }
 
@@ -107,8 +128,8 @@ mod tests {
     fn guard_decrements_on_drop() {
         let w = Worker::new("http://h:1/pre", BTreeMap::new(), Default::default()).unwrap();
         assert_eq!(&*w.path_prefix, "/pre");
-        let g1 = w.begin();
-        let g2 = w.begin();
+        let g1 = w.begin(None);
+        let g2 = w.begin(None);
         assert_eq!(w.in_flight(), 2);
         drop(g1);
         assert_eq!(w.in_flight(), 1);

@@ -6,21 +6,28 @@ use super::error::GatewayError;
 use super::headers::strip_hop_by_hop;
 use super::observe::{ObserveParams, ObservedBody};
 use crate::api::{Endpoint, RequestInfo};
+use crate::config::HealthConfig;
 use crate::config::Timeouts;
-use crate::pool::{ModelRoute, Worker};
+use crate::pool::admission::{Priority, QueueError};
+use crate::pool::{health, ModelRoute, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
+use crate::telemetry::names;
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{request, Request, Response, Uri};
 use http_body_util::Full;
+use metrics::counter;
 use metrics::SharedString;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Header carrying the session id used by session-affine routing.
 pub const SESSION_HEADER: &str = "x-session-id";
+/// Header selecting the queueing priority class (`high`, `normal`, `low`).
+pub const PRIORITY_HEADER: &str = "x-switchyard-priority";
 /// Debug header naming the chosen worker and the reason.
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
 
@@ -34,16 +41,19 @@ pub struct ForwardContext<'a> {
     pub endpoint: Endpoint,
     pub request_id: &'a HeaderValue,
     pub timeouts: Timeouts,
+    pub health: &'a HealthConfig,
     pub debug_headers: bool,
     /// When the gateway received the request (TTFT and e2e start here).
     pub start: Instant,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
-/// retryable failures, and return the observed response.
+/// retryable failures (within the pool's retry budget), queueing when every
+/// eligible worker is at its concurrency limit, and return the observed response.
 pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
     let route = ctx.route;
     let pool = &route.pool;
+    let health = ctx.health;
     let session = ctx
         .parts
         .headers
@@ -55,15 +65,54 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
     };
     let deadline = ctx.start + ctx.timeouts.total;
     let pool_label = SharedString::from(pool.name.clone());
+    let limit = pool.config.max_concurrency_per_worker;
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
+    pool.retry_budget.on_request();
 
-    for attempt in 0..pool.config.max_attempts {
-        // Phase: select.
-        let accept = |i: usize| route.workers[i].is_available() && !tried.contains(&i);
-        let Some(decision) = route.policy.pick(&rreq, &route.workers, &accept) else {
-            break;
+    let mut attempt = 0;
+    while attempt < pool.config.max_attempts {
+        // Phase: select (wait in the pool queue if every candidate is at its limit).
+        let accept = |i: usize| {
+            let w = &route.workers[i];
+            w.is_available() && !tried.contains(&i) && (limit == 0 || w.in_flight() < limit)
         };
+        let decision = match route.policy.pick(&rreq, &route.workers, &accept) {
+            Some(d) => d,
+            None => {
+                let saturated = limit > 0
+                    && (0..route.workers.len())
+                        .any(|i| route.workers[i].is_available() && !tried.contains(&i));
+                match (&pool.queue, saturated) {
+                    (Some(q), true) => {
+                        let prio = Priority::parse(
+                            ctx.parts
+                                .headers
+                                .get(PRIORITY_HEADER)
+                                .and_then(|v| v.to_str().ok()),
+                        );
+                        q.wait(prio, Instant::now()).await.map_err(|e| match e {
+                            QueueError::Full => GatewayError::QueueFull(pool.name.to_string()),
+                            QueueError::Timeout => {
+                                GatewayError::QueueTimeout(pool.name.to_string())
+                            }
+                        })?;
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
+        };
+        if attempt > 0 {
+            if !pool.retry_budget.try_retry() {
+                counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
+                    .increment(1);
+                break;
+            }
+            counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
+            backoff(pool.config.retry_backoff, attempt).await;
+        }
+        attempt += 1;
         telemetry::record_decision(&pool_label, route.policy.name(), decision.reason.as_str());
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
@@ -73,7 +122,7 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
         let upstream_req = prepare(&ctx, worker)?;
 
         // Phase: send, bounded by the first-byte and total deadlines.
-        let guard = worker.begin();
+        let guard = worker.begin(pool.queue.as_ref());
         let wait = ctx
             .timeouts
             .first_byte
@@ -94,16 +143,23 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
             },
             Ok(Ok(resp)) => {
                 let status = resp.status();
+                telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
+                if status.as_u16() == 429 {
+                    health::on_overloaded(worker, health);
+                } else if status.is_server_error() {
+                    worker.state.failures.fetch_add(1, Ordering::Relaxed);
+                    health::on_failure(worker, &route.workers, health);
+                } else {
+                    health::on_success(&worker.state);
+                }
                 let retry_status = status.is_server_error() || status.as_u16() == 429;
-                let more = attempt + 1 < pool.config.max_attempts
+                let more = attempt < pool.config.max_attempts
                     && (0..route.workers.len())
                         .any(|i| route.workers[i].is_available() && !tried.contains(&i));
                 if retry_status && more {
-                    telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
                 }
-                telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
                 // Phase: on response.
                 return Ok(respond(
                     &ctx,
@@ -116,10 +172,8 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
                 ));
             }
         };
-        worker
-            .state
-            .failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        worker.state.failures.fetch_add(1, Ordering::Relaxed);
+        health::on_failure(worker, &route.workers, health);
         telemetry::record_attempt(&worker_label, err.reason());
         tracing::warn!(worker = %worker.id, error = %err, attempt, "upstream attempt failed");
         let retry = err.retryable();
@@ -129,6 +183,16 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
         }
     }
     Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(route.model.to_string())))
+}
+
+/// Jittered exponential backoff before retry number `attempt` (1-based).
+async fn backoff(base: std::time::Duration, attempt: u32) {
+    if base.is_zero() {
+        return;
+    }
+    let cap = base.saturating_mul(1 << attempt.min(6));
+    let d = cap.mul_f64(rand::random::<f64>());
+    tokio::time::sleep(d).await;
 }
 
 fn attempt_result(status: u16) -> &'static str {

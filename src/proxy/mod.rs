@@ -7,6 +7,7 @@ mod error;
 mod forward;
 mod headers;
 pub mod observe;
+pub mod retry_budget;
 
 pub use client::{UpstreamBody, UpstreamClient};
 pub use error::GatewayError;

@@ -48,6 +48,7 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
             endpoint,
             request_id: &request_id,
             timeouts: server.timeouts,
+            health: &snap.config.health,
             debug_headers: server.debug_headers,
             start,
         })

@@ -14,6 +14,16 @@ pub const STREAM_ERRORS_TOTAL: &str = "switchyard_stream_errors_total";
 pub const ROUTING_DECISIONS_TOTAL: &str = "switchyard_routing_decisions_total";
 pub const WORKER_IN_FLIGHT: &str = "switchyard_worker_in_flight";
 pub const WORKER_HEALTHY: &str = "switchyard_worker_healthy";
+pub const WORKER_STATE: &str = "switchyard_worker_state";
+pub const EJECTIONS_TOTAL: &str = "switchyard_worker_ejections_total";
+pub const EJECTIONS_REFUSED_TOTAL: &str = "switchyard_worker_ejections_refused_total";
+pub const WORKER_OVERLOADED_TOTAL: &str = "switchyard_worker_overloaded_total";
+pub const RETRIES_TOTAL: &str = "switchyard_retries_total";
+pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "switchyard_retry_budget_exhausted_total";
+pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
+pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
+pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
+pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 
 pub const L_MODEL: &str = "model";
 pub const L_WORKER: &str = "worker";
@@ -25,6 +35,7 @@ pub const L_KIND: &str = "kind";
 pub const L_REASON: &str = "reason";
 pub const L_RESULT: &str = "result";
 pub const L_POLICY: &str = "policy";
+pub const L_STATE: &str = "state";
 
 /// Register help text and units for every metric.
 pub fn describe() {
