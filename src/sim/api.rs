@@ -703,7 +703,24 @@ fn stream_response(
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Frame>(64);
     tokio::spawn(produce(s, g, submit, slow, die_after, tx));
-    let stream = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    // An error frame aborts the connection at once, dropping bytes hyper has
+    // buffered but not yet written. Answer `Pending` once before an error so
+    // hyper flushes the tokens already sent (its loop flushes after a
+    // pending body), then hand the error over.
+    let mut deferred: Option<Frame> = None;
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        if let Some(e) = deferred.take() {
+            return std::task::Poll::Ready(Some(e));
+        }
+        match rx.poll_recv(cx) {
+            std::task::Poll::Ready(Some(Err(e))) => {
+                deferred = Some(Err(e));
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+            other => other,
+        }
+    });
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
         .header(header::CACHE_CONTROL, "no-cache")
