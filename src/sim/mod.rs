@@ -138,7 +138,7 @@ impl SimConfig {
             max_num_seqs: 256,
             max_num_batched_tokens: 8192,
             block_size: 16,
-            num_blocks: 28_000,
+            num_blocks: 26_000,
             max_model_len: 32_768,
             enable_prefix_caching: true,
             preemption: true,
