@@ -53,6 +53,7 @@ pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>
             debug_headers: Some(true),
             ..Default::default()
         },
+        ..Default::default()
     };
     let config = raw.validate()?;
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;

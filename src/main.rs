@@ -29,6 +29,10 @@ enum Command {
     Serve(ServeArgs),
     /// Validate a configuration file without starting.
     CheckConfig { file: PathBuf },
+    /// Run simulated vLLM/SGLang engines.
+    Sim(Box<switchyard::sim::SimArgs>),
+    /// Simulated workers and a gateway in one process, ready to try.
+    Demo(switchyard::demo::DemoArgs),
 }
 
 fn init_logging(format: &str) {
@@ -87,6 +91,8 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         match cli.cmd {
             Command::Serve(a) => run_serve(a).await,
+            Command::Sim(a) => switchyard::sim::run(*a).await,
+            Command::Demo(a) => switchyard::demo::run(a, shutdown_signal()).await,
             Command::CheckConfig { file } => {
                 println!("{}", cli::check_config(&file)?);
                 Ok(())
