@@ -145,8 +145,7 @@ pub fn spawn_health_checks(registry: Arc<Registry>, client: UpstreamClient) {
             let active_due = cfg.interval.is_some() && Instant::now() >= next_active;
             if let (true, Some(every)) = (active_due, cfg.interval) {
                 // ±10 % jitter so many gateways do not probe in lockstep.
-                let jitter = every.mul_f64(rand::random::<f64>() * 0.2 - 0.1);
-                next_active = Instant::now() + every.saturating_add(jitter);
+                next_active = Instant::now() + every.mul_f64(0.9 + rand::random::<f64>() * 0.2);
             }
             for pool in &snap.pools {
                 for w in &pool.workers {
