@@ -23,7 +23,10 @@ pub struct DemoArgs {
 }
 
 /// Start everything, print how to use it, and run until Ctrl-C.
-pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    args: DemoArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let mut sims = Vec::new();
     for i in 0..args.workers.max(1) {
         let cfg = SimConfig {
@@ -59,7 +62,10 @@ pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
     let gw = server::Gateway::start(config).await;
-    println!("Switchyard demo: {} simulated workers serving `{model}`", sims.len());
+    println!(
+        "Switchyard demo: {} simulated workers serving `{model}`",
+        sims.len()
+    );
     for s in &sims {
         println!("  worker {}", s.url());
     }

@@ -77,6 +77,8 @@ impl Scripted {
         let app = Router::new()
             .route("/v1/models", get(models))
             .route("/v1/chat/completions", post(chat))
+            .route("/v1/responses", post(chat))
+            .route("/v1/custom/thing", post(chat))
             .with_state(st.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
