@@ -104,11 +104,6 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
             }
         };
         if attempt > 0 {
-            if !pool.retry_budget.try_retry() {
-                counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
-                    .increment(1);
-                break;
-            }
             counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
             backoff(pool.config.retry_backoff, attempt).await;
         }
@@ -153,10 +148,7 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
                     health::on_success(&worker.state);
                 }
                 let retry_status = status.is_server_error() || status.as_u16() == 429;
-                let more = attempt < pool.config.max_attempts
-                    && (0..route.workers.len())
-                        .any(|i| route.workers[i].is_available() && !tried.contains(&i));
-                if retry_status && more {
+                if retry_status && may_retry(route, &tried, attempt, deadline, &pool_label) {
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
                 }
@@ -178,11 +170,38 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
         tracing::warn!(worker = %worker.id, error = %err, attempt, "upstream attempt failed");
         let retry = err.retryable();
         last_err = Some(err);
-        if !retry || Instant::now() >= deadline {
+        if !retry || !may_retry(route, &tried, attempt, deadline, &pool_label) {
             break;
         }
     }
     Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(route.model.to_string())))
+}
+
+/// Another attempt is allowed: attempts left, time left, an untried worker able to
+/// take it, and the pool's retry budget has a retry to spend (checked last: it takes one).
+fn may_retry(
+    route: &ModelRoute,
+    tried: &[usize],
+    attempt: u32,
+    deadline: Instant,
+    pool_label: &SharedString,
+) -> bool {
+    let pool = &route.pool;
+    if attempt >= pool.config.max_attempts || Instant::now() >= deadline {
+        return false;
+    }
+    let candidate =
+        (0..route.workers.len()).any(|i| route.workers[i].is_available() && !tried.contains(&i));
+    if !candidate {
+        return false;
+    }
+    if pool.retry_budget.try_retry() {
+        true
+    } else {
+        counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
+            .increment(1);
+        false
+    }
 }
 
 /// Jittered exponential backoff before retry number `attempt` (1-based).
