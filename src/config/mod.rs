@@ -144,6 +144,7 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
     pub drain_timeout: Duration,
+    pub unready_grace: Duration,
     pub watch_config: bool,
 }
 
@@ -458,6 +459,7 @@ impl RawConfig {
                 max_connections,
                 header_read_timeout,
                 drain_timeout,
+                unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
                 watch_config: s.watch_config.unwrap_or(false),
             },
             pools,

@@ -69,6 +69,9 @@ pub struct RawServer {
     pub header_read_timeout_ms: Option<u64>,
     /// How long in-flight requests may finish after SIGTERM (ms).
     pub drain_timeout_ms: Option<u64>,
+    /// After SIGTERM, keep serving with `/ready` false this long before the
+    /// listener closes, so load balancers stop sending first (ms).
+    pub unready_grace_ms: Option<u64>,
     /// Reload the config file when it changes on disk.
     pub watch_config: Option<bool>,
 }

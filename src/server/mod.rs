@@ -166,12 +166,21 @@ pub async fn serve(
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(tokio::sync::Semaphore::new(server_cfg.max_connections));
+    let mut grace_end = tokio::time::Instant::now();
     tokio::pin!(shutdown);
     loop {
         // At the connection cap, stop accepting until one closes.
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
-            _ = &mut shutdown => break,
+            _ = &mut shutdown, if !gw.is_shutting_down() => {
+                gw.shutting_down.store(true, Ordering::Relaxed);
+                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                if server_cfg.unready_grace.is_zero() {
+                    break;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(grace_end), if gw.is_shutting_down() => break,
         };
         tokio::select! {
             accepted = listener.accept() => {
@@ -196,7 +205,16 @@ pub async fn serve(
                     drop(permit);
                 });
             }
-            _ = &mut shutdown => break,
+            _ = &mut shutdown, if !gw.is_shutting_down() => {
+                // Readiness turns false first; keep accepting through the grace period.
+                gw.shutting_down.store(true, Ordering::Relaxed);
+                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                tracing::info!(grace = ?server_cfg.unready_grace, "shutting down: not ready");
+                if server_cfg.unready_grace.is_zero() {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(grace_end), if gw.is_shutting_down() => break,
         }
     }
     gw.shutting_down.store(true, Ordering::Relaxed);
