@@ -26,7 +26,7 @@ pub fn spawn_dns_discovery(registry: Arc<Registry>) {
                                 labels: dns.labels.clone(),
                             })
                             .collect();
-                        registry.set_discovered_workers(&pool.name, workers);
+                        registry.set_discovered_workers(&pool.name, "dns", workers);
                     }
                     // Keep the last known set: a DNS hiccup must not empty a pool.
                     Err(e) => {

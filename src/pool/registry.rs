@@ -173,9 +173,10 @@ impl Registry {
         known
     }
 
-    /// Replace the DNS-discovered workers of a pool; rebuilds only on change.
-    pub fn set_discovered_workers(&self, pool: &str, workers: Vec<WorkerConfig>) {
-        let key = format!("dns:{pool}");
+    /// Replace the workers a discovery `source` (e.g. `dns`, `k8s`) found for a
+    /// pool; rebuilds only on change.
+    pub fn set_discovered_workers(&self, pool: &str, source: &str, workers: Vec<WorkerConfig>) {
+        let key = format!("{source}:{pool}");
         if self.dynamic.get(&key).is_some_and(|w| *w == workers) {
             return;
         }
@@ -195,12 +196,16 @@ impl Registry {
         let mut routes: HashMap<String, Arc<ModelRoute>> = HashMap::new();
         for pc in &config.pools {
             let mut worker_cfgs: Vec<WorkerConfig> = pc.workers.clone();
-            for key in [pc.name.clone(), format!("dns:{}", pc.name)] {
-                if let Some(extra) = self.dynamic.get(&key) {
-                    for w in extra.iter() {
-                        if !worker_cfgs.iter().any(|c| c.url == w.url) {
-                            worker_cfgs.push(w.clone());
-                        }
+            // Admin-added workers are keyed by the pool name, discovered ones by
+            // `source:pool`.
+            let suffix = format!(":{}", pc.name);
+            for entry in self.dynamic.iter() {
+                if entry.key() != &pc.name && !entry.key().ends_with(&suffix) {
+                    continue;
+                }
+                for w in entry.value() {
+                    if !worker_cfgs.iter().any(|c| c.url == w.url) {
+                        worker_cfgs.push(w.clone());
                     }
                 }
             }
