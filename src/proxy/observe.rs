@@ -244,6 +244,15 @@ impl<B> ObservedBody<B> {
         }
     }
 
+    /// The upstream body ended normally.
+    fn finish(&mut self) {
+        if matches!(self.phase, Phase::Streaming) {
+            self.obs.on_end();
+            self.obs.outcome = Some(Outcome::Completed);
+            self.phase = Phase::Done;
+        }
+    }
+
     fn fail(&mut self, reason: &'static str, message: &str) {
         counter!(
             names::STREAM_ERRORS_TOTAL,
@@ -301,6 +310,12 @@ where
                     if let Some(data) = frame.data_ref() {
                         this.obs.on_data(data, now);
                     }
+                    // hyper stops polling a body with a known length once it has
+                    // written every byte, and drops it without asking for the end:
+                    // finish here so a complete response is not counted as cancelled.
+                    if this.inner.is_end_stream() {
+                        this.finish();
+                    }
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -309,9 +324,7 @@ where
                     continue;
                 }
                 Poll::Ready(None) => {
-                    this.obs.on_end();
-                    this.obs.outcome = Some(Outcome::Completed);
-                    this.phase = Phase::Done;
+                    this.finish();
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {}
@@ -341,7 +354,11 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.phase, Phase::Done)
+        match self.phase {
+            Phase::Done => true,
+            Phase::Streaming => self.inner.is_end_stream(),
+            Phase::Failing(_) => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {

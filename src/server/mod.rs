@@ -44,10 +44,12 @@ impl Gateway {
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
+        let metrics = telemetry::install();
+        telemetry::spawn_upkeep(metrics.clone());
         Arc::new(Gateway {
             registry,
             client,
-            metrics: telemetry::install(),
+            metrics,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
         })
