@@ -212,7 +212,7 @@ async fn vllm(
         pre.insert("max_completion_tokens".into(), json!(1));
     }
     let t0 = Instant::now();
-    let (resp, guard) = send(ctx, &ws[p], to_bytes(&pre), deadline)
+    let (resp, guard) = send(ctx, p, to_bytes(&pre), deadline)
         .await
         .map_err(leg(Leg::Prefill))?;
     let status = resp.status();
@@ -227,7 +227,7 @@ async fn vllm(
             });
         }
         // The client's mistake (e.g. 400): show it the prefill worker's answer.
-        return Ok(respond(ctx, resp, &ws[p], Reason::Prefill, guard, deadline));
+        return Ok(respond(ctx, resp, p, Reason::Prefill, guard, deadline));
     }
     let limit = cfg.max_prefill_response_bytes;
     let read =
@@ -271,7 +271,7 @@ async fn decode_leg(
     let ws = &ctx.route.workers;
     let deadline = ctx.deadline();
     let t1 = Instant::now();
-    let (resp, guard) = send(ctx, &ws[d], body, deadline)
+    let (resp, guard) = send(ctx, d, body, deadline)
         .await
         .map_err(leg(Leg::Decode))?;
     if retryable_status(resp.status()) {
@@ -284,7 +284,7 @@ async fn decode_leg(
         });
     }
     leg_seconds(&ctx.route.pool.name, "decode_first_byte", t1);
-    let mut out = respond(ctx, resp, &ws[d], Reason::Decode, guard, deadline);
+    let mut out = respond(ctx, resp, d, Reason::Decode, guard, deadline);
     if ctx.debug_headers {
         if let Ok(v) = HeaderValue::from_str(&format!("{}; prefill={}", ws[d].id, ws[p].id)) {
             out.headers_mut().insert(ROUTE_HEADER, v);
@@ -315,7 +315,7 @@ async fn sglang(
     let bytes = to_bytes(&b);
     let t0 = Instant::now();
     let (pre, dec) = tokio::join!(
-        send(ctx, prefill, bytes.clone(), deadline),
+        send(ctx, p, bytes.clone(), deadline),
         decode_leg(ctx, bytes, p, d)
     );
     let (pre_resp, pre_guard) = pre.map_err(leg(Leg::Prefill))?;

@@ -7,6 +7,8 @@ use super::worker::{Worker, WorkerState};
 use crate::config::{Config, PoolConfig, WorkerConfig};
 use crate::proxy::retry_budget::RetryBudget;
 use crate::routing::{self, Policy};
+use crate::telemetry::PairMetrics;
+use metrics::SharedString;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;
@@ -33,6 +35,8 @@ pub struct ModelRoute {
     pub policy: Box<dyn Policy>,
     /// The pool's workers that serve this model.
     pub workers: Vec<Arc<Worker>>,
+    /// Metric handles per worker, aligned with `workers`.
+    pub metrics: Vec<Arc<PairMetrics>>,
 }
 
 /// One immutable view of everything routing needs.
@@ -287,11 +291,22 @@ impl Registry {
                     // A discovered name already served by an earlier pool: first pool wins.
                     continue;
                 }
+                let model_label = SharedString::from(Arc::<str>::from(model.as_str()));
+                let metrics = ws
+                    .iter()
+                    .map(|w| {
+                        Arc::new(PairMetrics::new(
+                            model_label.clone(),
+                            SharedString::from(w.id.clone()),
+                        ))
+                    })
+                    .collect();
                 let route = Arc::new(ModelRoute {
                     model: Arc::from(model.as_str()),
                     pool: pool.clone(),
                     policy: routing::build(pc.policy),
                     workers: ws,
+                    metrics,
                 });
                 routes.insert(model.clone(), route.clone());
                 if pc.models.first() == Some(&model) {

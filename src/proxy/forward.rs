@@ -138,7 +138,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         let worker = &route.workers[decision.index];
 
         // Phases: prepare and send.
-        match send(ctx, worker, ctx.body.clone(), deadline).await {
+        match send(ctx, decision.index, ctx.body.clone(), deadline).await {
             Ok((resp, guard)) => {
                 let status = resp.status();
                 let retry_status = status.is_server_error() || status.as_u16() == 429;
@@ -147,7 +147,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     continue;
                 }
                 // Phase: on response.
-                return Ok(respond(ctx, resp, worker, decision.reason, guard, deadline));
+                return Ok(respond(ctx, resp, decision.index, decision.reason, guard, deadline));
             }
             Err(err) => {
                 let retry = err.retryable();
@@ -166,13 +166,14 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
 /// a response of any status is `Ok` (the caller decides whether to retry it).
 pub(crate) async fn send(
     ctx: &ForwardContext<'_>,
-    worker: &Worker,
+    idx: usize,
     body: Bytes,
     deadline: Instant,
 ) -> Result<(Response<Incoming>, InFlightGuard), GatewayError> {
     let route = ctx.route;
     let health = ctx.health;
-    let worker_label = SharedString::from(worker.id.clone());
+    let worker = &route.workers[idx];
+    let metrics = &route.metrics[idx];
     let upstream_req = prepare(ctx, worker, body)?;
     let guard = worker.begin(route.pool.queue.as_ref());
     let wait = ctx
@@ -194,7 +195,7 @@ pub(crate) async fn send(
         },
         Ok(Ok(resp)) => {
             let status = resp.status();
-            telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
+            metrics.record_attempt(attempt_result(status.as_u16()));
             if status.as_u16() == 429 {
                 health::on_overloaded(worker, health);
             } else if status.is_server_error() {
@@ -208,7 +209,7 @@ pub(crate) async fn send(
     };
     worker.state.failures.fetch_add(1, Ordering::Relaxed);
     health::on_failure(worker, &route.workers, health);
-    telemetry::record_attempt(&worker_label, err.reason());
+    metrics.record_attempt(err.reason());
     tracing::warn!(worker = %worker.id, error = %err, "upstream attempt failed");
     Err(err)
 }
@@ -324,12 +325,12 @@ fn prepare(
 pub(crate) fn respond(
     ctx: &ForwardContext<'_>,
     resp: Response<Incoming>,
-    worker: &Worker,
+    idx: usize,
     reason: Reason,
     guard: InFlightGuard,
     deadline: Instant,
 ) -> Response<Body> {
-    let worker_label = SharedString::from(worker.id.clone());
+    let worker = &ctx.route.workers[idx];
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let sse = parts
@@ -341,9 +342,8 @@ pub(crate) fn respond(
         incoming,
         ObserveParams {
             start: ctx.start,
-            model: SharedString::from(ctx.route.model.clone()),
-            worker: worker_label,
-            endpoint: ctx.endpoint.as_str(),
+            metrics: ctx.route.metrics[idx].clone(),
+            endpoint: ctx.endpoint.index(),
             status: parts.status.as_u16(),
             sse,
             idle: ctx.timeouts.idle,
