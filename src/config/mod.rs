@@ -204,6 +204,11 @@ pub struct PoolConfig {
     pub queue_timeout: Duration,
     pub dns: Option<DnsConfig>,
     pub disaggregation: Option<DisaggConfig>,
+    pub upstream_model: Option<String>,
+    pub upstream_ca_file: Option<String>,
+    /// Pool names, in order.
+    pub fallback: Vec<String>,
+    pub lora_adapters: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -365,7 +370,13 @@ impl RawConfig {
                     PolicyKind::RoundRobin
                 }),
             };
-            for (j, m) in p.models.iter().chain(p.aliases.iter()).enumerate() {
+            for (j, m) in p
+                .models
+                .iter()
+                .chain(p.aliases.iter())
+                .chain(p.lora_adapters.iter())
+                .enumerate()
+            {
                 if m.is_empty() {
                     problems.push(format!("{key}.models[{j}]: empty model name"));
                 } else if !model_names.insert(m.clone()) {
@@ -484,10 +495,30 @@ impl RawConfig {
                 queue_timeout,
                 dns,
                 disaggregation,
+                upstream_model: p.upstream_model,
+                upstream_ca_file: p.upstream_ca_file.inspect(|f| {
+                    if let Err(e) = std::fs::read(f) {
+                        problems.push(format!("{key}.upstream_ca_file: `{f}`: {e}"));
+                    }
+                }),
+                fallback: p.fallback,
+                lora_adapters: p.lora_adapters,
             });
         }
         if pools.is_empty() {
             problems.push("pools: at least one pool (or a --worker flag) is required".into());
+        }
+        for (i, p) in pools.iter().enumerate() {
+            if p.name.contains(':') {
+                problems.push(format!("pools[{i}].name: `:` is reserved, got `{}`", p.name));
+            }
+            for f in &p.fallback {
+                if f == &p.name {
+                    problems.push(format!("pools[{i}].fallback: a pool cannot fall back to itself"));
+                } else if !pools.iter().any(|q| &q.name == f) {
+                    problems.push(format!("pools[{i}].fallback: no pool named `{f}`"));
+                }
+            }
         }
         if !problems.is_empty() {
             return Err(ConfigError { problems });

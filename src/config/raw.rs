@@ -116,6 +116,16 @@ pub struct RawPool {
     pub dns: Option<RawDns>,
     /// Prefill/decode disaggregation (workers labelled `role = prefill|decode|both`).
     pub disaggregation: Option<RawDisagg>,
+    /// Send this model name upstream instead of the client's (external providers).
+    pub upstream_model: Option<String>,
+    /// Extra CA certificates (PEM file) trusted for this pool's `https://` workers.
+    pub upstream_ca_file: Option<String>,
+    /// Pools tried in order when this one cannot take or complete the request.
+    #[serde(default)]
+    pub fallback: Vec<String>,
+    /// LoRA adapter names served by this pool's workers; forwarded unchanged.
+    #[serde(default)]
+    pub lora_adapters: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

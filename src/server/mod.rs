@@ -37,22 +37,28 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Build the gateway state and start its background tasks (model discovery).
-    pub async fn start(config: Config) -> Arc<Gateway> {
-        let client = UpstreamClient::new(config.server.timeouts.connect);
+    /// Build the gateway state and start its background tasks (discovery, health).
+    /// Fails only if the upstream TLS trust store cannot be built.
+    pub async fn start(config: Config) -> std::io::Result<Arc<Gateway>> {
+        let ca_files: Vec<String> = config
+            .pools
+            .iter()
+            .filter_map(|p| p.upstream_ca_file.clone())
+            .collect();
+        let client = UpstreamClient::new(config.server.timeouts.connect, &ca_files)?;
         let registry = Registry::new(config);
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
         let metrics = telemetry::install();
         telemetry::spawn_upkeep(metrics.clone());
-        Arc::new(Gateway {
+        Ok(Arc::new(Gateway {
             registry,
             client,
             metrics,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
-        })
+        }))
     }
 
     /// Set how a reload obtains the new config (re-read the file, re-apply flags).
@@ -129,7 +135,7 @@ impl ServerHandle {
 pub async fn spawn(config: Config) -> std::io::Result<ServerHandle> {
     let listener = TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
-    let gateway = Gateway::start(config).await;
+    let gateway = Gateway::start(config).await?;
     let admin_addr = admin::spawn(gateway.clone()).await?;
     let (stop, mut rx) = tokio::sync::watch::channel(false);
     let gw = gateway.clone();
