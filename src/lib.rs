@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod demo;
 pub mod pool;
 pub mod proxy;
@@ -15,3 +16,4 @@ pub mod routing;
 pub mod server;
 pub mod sim;
 pub mod telemetry;
+pub mod tenancy;

@@ -2,9 +2,12 @@
 //! then validated into the typed [`Config`] the rest of the gateway reads. Every
 //! rejection names the key path. Defaults live here and nowhere else.
 
+pub mod observability;
 mod raw;
 
 pub use raw::{RawAdmin, RawConfig, RawDns, RawHealth, RawPool, RawServer, RawTimeouts, RawWorker};
+
+pub use observability::{ObservabilityConfig, TenancyConfig};
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -54,6 +57,8 @@ pub const DEFAULT_QUEUE_SIZE: usize = 1_024;
 pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 10_000;
 /// Default DNS re-resolution interval (ms).
 pub const DEFAULT_DNS_INTERVAL_MS: u64 = 5_000;
+/// Label value standing for every value beyond a label's configured limit.
+pub const OTHER_LABEL: &str = "other";
 
 /// Routing policies a pool can name. Their behaviour lives in `routing/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,6 +103,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     pub health: HealthConfig,
     pub admin: Option<AdminConfig>,
+    pub observability: ObservabilityConfig,
+    pub tenancy: TenancyConfig,
 }
 
 /// Health checking and ejection (see `pool/health.rs`).
@@ -446,6 +453,20 @@ impl RawConfig {
         if pools.is_empty() {
             problems.push("pools: at least one pool (or a --worker flag) is required".into());
         }
+        let pool_names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+        let (observability, tenancy) = observability::validate(
+            observability::ObservabilityRaw {
+                telemetry: self.telemetry,
+                access_log: self.access_log,
+                tracing: self.tracing,
+                prices: self.prices,
+                scaling: self.scaling,
+                tenancy: self.tenancy,
+                tenants: self.tenants,
+            },
+            &pool_names,
+            &mut problems,
+        );
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
@@ -465,6 +486,8 @@ impl RawConfig {
             pools,
             health,
             admin,
+            observability,
+            tenancy,
         })
     }
 }

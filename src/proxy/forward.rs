@@ -13,6 +13,8 @@ use crate::pool::{health, ModelRoute, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
+use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
+use crate::telemetry::RequestTags;
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -45,12 +47,33 @@ pub struct ForwardContext<'a> {
     pub debug_headers: bool,
     /// When the gateway received the request (TTFT and e2e start here).
     pub start: Instant,
+    /// Tenant, labels and trace of the request; the phases fill in the route.
+    pub tags: &'a mut RequestTags,
+}
+
+/// Time a request spent waiting outside the gateway's own work: on workers, in the
+/// pool queue, in retry backoff. The rest of its time to the response head is the
+/// gateway's overhead.
+#[derive(Default)]
+struct Spent {
+    waiting: std::time::Duration,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
 /// retryable failures (within the pool's retry budget), queueing when every
 /// eligible worker is at its concurrency limit, and return the observed response.
-pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
+pub async fn forward(mut ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
+    let mut spent = Spent::default();
+    let result = forward_attempts(&mut ctx, &mut spent).await;
+    let pool = SharedString::from(ctx.route.pool.name.clone());
+    telemetry::record_overhead(&pool, ctx.start.elapsed().saturating_sub(spent.waiting));
+    result
+}
+
+async fn forward_attempts(
+    ctx: &mut ForwardContext<'_>,
+    spent: &mut Spent,
+) -> Result<Response<Body>, GatewayError> {
     let route = ctx.route;
     let pool = &route.pool;
     let health = ctx.health;
@@ -77,6 +100,7 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
             let w = &route.workers[i];
             w.is_available() && !tried.contains(&i) && (limit == 0 || w.in_flight() < limit)
         };
+        let pick_start = Instant::now();
         let decision = match route.policy.pick(&rreq, &route.workers, &accept) {
             Some(d) => d,
             None => {
@@ -91,7 +115,10 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
                                 .get(PRIORITY_HEADER)
                                 .and_then(|v| v.to_str().ok()),
                         );
-                        q.wait(prio, Instant::now()).await.map_err(|e| match e {
+                        let waited = Instant::now();
+                        let r = q.wait(prio, waited).await;
+                        spent.waiting += waited.elapsed();
+                        r.map_err(|e| match e {
                             QueueError::Full => GatewayError::QueueFull(pool.name.to_string()),
                             QueueError::Timeout => {
                                 GatewayError::QueueTimeout(pool.name.to_string())
@@ -105,16 +132,42 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
         };
         if attempt > 0 {
             counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
+            let b = Instant::now();
             backoff(pool.config.retry_backoff, attempt).await;
+            spent.waiting += b.elapsed();
         }
         attempt += 1;
         telemetry::record_decision(&pool_label, route.policy.name(), decision.reason.as_str());
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
         let worker_label = SharedString::from(worker.id.clone());
+        // Predicted cached tokens: fed by the prefix index once routing provides it.
+        ctx.tags.set_route(
+            &pool_label,
+            worker,
+            route.policy.name(),
+            decision.reason.as_str(),
+            None,
+        );
+        if ctx.tags.tracing() {
+            ctx.tags.child_span(
+                "switchyard.route",
+                SpanKind::Internal,
+                new_span_id(),
+                pick_start,
+                Instant::now(),
+                vec![
+                    ("switchyard.policy", route.policy.name().into()),
+                    ("switchyard.reason", decision.reason.as_str().into()),
+                    ("switchyard.worker", worker.id.as_ref().into()),
+                ],
+                false,
+            );
+        }
 
         // Phase: prepare.
-        let upstream_req = prepare(&ctx, worker)?;
+        let attempt_span = new_span_id();
+        let upstream_req = prepare(ctx, worker, attempt_span)?;
 
         // Phase: send, bounded by the first-byte and total deadlines.
         let guard = worker.begin(pool.queue.as_ref());
@@ -122,7 +175,33 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
             .timeouts
             .first_byte
             .min(deadline.saturating_duration_since(Instant::now()));
+        let sent = Instant::now();
         let result = tokio::time::timeout(wait, ctx.client.request(upstream_req)).await;
+        spent.waiting += sent.elapsed();
+        if ctx.tags.tracing() {
+            let (result_label, error) = match &result {
+                Ok(Ok(r)) => (
+                    attempt_result(r.status().as_u16()),
+                    r.status().is_server_error(),
+                ),
+                Ok(Err(e)) if e.is_connect() => ("upstream_connect", true),
+                Ok(Err(_)) => ("upstream_failed", true),
+                Err(_) => ("upstream_timeout", true),
+            };
+            ctx.tags.child_span(
+                "switchyard.upstream_attempt",
+                SpanKind::Client,
+                attempt_span,
+                sent,
+                Instant::now(),
+                vec![
+                    ("switchyard.worker", worker.id.as_ref().into()),
+                    ("switchyard.attempt", attempt.into()),
+                    ("switchyard.result", result_label.into()),
+                ],
+                error,
+            );
+        }
         let err = match result {
             Err(_) => GatewayError::UpstreamTimeout {
                 worker: worker.id.clone(),
@@ -154,7 +233,7 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
                 }
                 // Phase: on response.
                 return Ok(respond(
-                    &ctx,
+                    ctx,
                     resp,
                     worker,
                     worker_label,
@@ -239,6 +318,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 fn prepare(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
+    attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let pq = ctx
         .parts
@@ -275,6 +355,7 @@ fn prepare(
         headers.insert(header::AUTHORIZATION, auth.clone());
     }
     headers.insert("x-request-id", ctx.request_id.clone());
+    headers.insert(TRACEPARENT, ctx.tags.trace.upstream_header(attempt_span));
     let mut req = Request::new(Full::new(ctx.body.clone()));
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
@@ -310,6 +391,7 @@ fn respond(
             idle: ctx.timeouts.idle,
             deadline,
             guard,
+            tags: ctx.tags.clone(),
         },
     );
     if ctx.debug_headers {

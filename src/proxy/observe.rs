@@ -5,7 +5,7 @@
 
 use crate::api::ErrorBody;
 use crate::pool::InFlightGuard;
-use crate::telemetry::{self, names, Outcome, RequestMetrics};
+use crate::telemetry::{self, names, Finished, Outcome, RequestMetrics, RequestTags};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
@@ -71,6 +71,8 @@ pub struct ObserveParams {
     pub idle: Duration,
     pub deadline: Instant,
     pub guard: InFlightGuard,
+    /// Request context for metrics labels, cost, access log and trace.
+    pub tags: RequestTags,
 }
 
 /// Measurements taken from the bytes as they pass.
@@ -80,6 +82,9 @@ struct Observer {
     first_content: Option<Instant>,
     last_content: Option<Instant>,
     content_events: u64,
+    /// Sum of inter-token gaps, for the mean ITL.
+    itl_sum: Duration,
+    response_bytes: u64,
     usage: Option<Usage>,
     /// Partial SSE line carried to the next chunk.
     line: Vec<u8>,
@@ -90,6 +95,7 @@ struct Observer {
 
 impl Observer {
     fn on_data(&mut self, chunk: &[u8], now: Instant) {
+        self.response_bytes += chunk.len() as u64;
         if !self.p.sse {
             if chunk.len() >= TAIL_BYTES {
                 self.tail.clear();
@@ -148,7 +154,12 @@ impl Observer {
         if carries_content(data) {
             match self.last_content {
                 None => self.first_content = Some(now),
-                Some(prev) => self.itl.record(now.duration_since(prev).as_secs_f64()),
+                Some(prev) => {
+                    let gap = now.duration_since(prev);
+                    self.itl.record(gap.as_secs_f64());
+                    self.p.tags.hub.record_itl(gap);
+                    self.itl_sum += gap;
+                }
             }
             self.last_content = Some(now);
             self.content_events += 1;
@@ -188,14 +199,20 @@ impl Drop for Observer {
             } else {
                 self.content_events
             },
+            mean_itl: (self.content_events > 1)
+                .then(|| self.itl_sum / (self.content_events - 1) as u32),
+            response_bytes: self.response_bytes,
         };
         telemetry::record_request(
-            &self.p.model,
-            &self.p.worker,
-            self.p.endpoint,
-            self.p.status,
-            outcome,
-            &m,
+            &self.p.tags,
+            Finished {
+                model: &self.p.model,
+                worker: &self.p.worker,
+                endpoint: self.p.endpoint,
+                status: self.p.status,
+                outcome,
+                m: &m,
+            },
         );
     }
 }
@@ -222,7 +239,9 @@ impl<B> ObservedBody<B> {
         let itl = histogram!(
             names::ITL_SECONDS,
             names::L_MODEL => p.model.clone(),
-            names::L_WORKER => p.worker.clone()
+            names::L_POOL => p.tags.pool.clone().unwrap_or(SharedString::const_str("none")),
+            names::L_WORKER => p.worker.clone(),
+            names::L_REGION => p.tags.region.clone()
         );
         let first = (now + p.idle).min(p.deadline);
         ObservedBody {
@@ -235,6 +254,8 @@ impl<B> ObservedBody<B> {
                 first_content: None,
                 last_content: None,
                 content_events: 0,
+                itl_sum: Duration::ZERO,
+                response_bytes: 0,
                 usage: None,
                 line: Vec::new(),
                 tail: Vec::new(),

@@ -1,7 +1,16 @@
 //! Metrics: names and label keys in [`names`], the Prometheus recorder, and the
 //! per-request [`RequestMetrics`] recorded once when a response finishes or is dropped.
 
+pub mod access_log;
+pub mod cost;
+pub mod hub;
+pub mod labels;
 pub mod names;
+pub mod process;
+pub mod scaling;
+pub mod trace;
+
+pub use hub::{Finished, Hub, RequestTags};
 
 use crate::pool::Snapshot;
 use metrics::{counter, gauge, histogram, SharedString};
@@ -18,12 +27,23 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
 ];
 
+/// Gateway-overhead buckets (seconds): 10 µs to 100 ms.
+pub const OVERHEAD_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,
+];
+
 /// Install the process-wide Prometheus recorder (idempotent) and return its handle.
 pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .expect("static buckets are valid")
+                .set_buckets_for_metric(
+                    Matcher::Full(names::GATEWAY_OVERHEAD_SECONDS.into()),
+                    OVERHEAD_BUCKETS,
+                )
                 .expect("static buckets are valid")
                 .build_recorder();
             let handle = recorder.handle();
@@ -37,7 +57,7 @@ pub fn install() -> PrometheusHandle {
 }
 
 /// Render the exposition text, refreshing the worker gauges from their atomics first.
-pub fn render(handle: &PrometheusHandle, snap: &Snapshot) -> String {
+pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> String {
     for w in snap.workers() {
         let id = SharedString::from(w.id.to_string());
         gauge!(names::WORKER_IN_FLIGHT, names::L_WORKER => id.clone())
@@ -48,7 +68,12 @@ pub fn render(handle: &PrometheusHandle, snap: &Snapshot) -> String {
             0.0
         });
     }
-    handle.render()
+    let mut out = handle.render();
+    if let Some(hub) = hub {
+        hub.render_into(&mut out);
+    }
+    process::render_into(&mut out);
+    out
 }
 
 /// How a request ended, for the `outcome` label.
@@ -80,58 +105,23 @@ pub struct RequestMetrics {
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub output_tokens: u64,
+    /// Mean gap between content events (streams with at least two).
+    pub mean_itl: Option<Duration>,
+    /// Body bytes sent to the client.
+    pub response_bytes: u64,
 }
 
-/// Record a finished proxied request.
-pub fn record_request(
-    model: &SharedString,
-    worker: &SharedString,
-    endpoint: &'static str,
-    status: u16,
-    outcome: Outcome,
-    m: &RequestMetrics,
-) {
-    let labels = [
-        (names::L_MODEL, model.clone()),
-        (names::L_WORKER, worker.clone()),
-    ];
-    counter!(
-        names::REQUESTS_TOTAL,
-        names::L_MODEL => model.clone(),
-        names::L_WORKER => worker.clone(),
-        names::L_ENDPOINT => endpoint,
-        names::L_STATUS => status_label(status),
-        names::L_OUTCOME => outcome.as_str()
-    )
-    .increment(1);
-    histogram!(names::E2E_SECONDS, &labels).record(m.e2e.as_secs_f64());
-    if let Some(t) = m.ttft {
-        histogram!(names::TTFT_SECONDS, &labels).record(t.as_secs_f64());
-    }
-    let tokens = |kind: &'static str, n: u64| {
-        if n > 0 {
-            counter!(
-                names::TOKENS_TOTAL,
-                names::L_MODEL => model.clone(),
-                names::L_WORKER => worker.clone(),
-                names::L_KIND => kind
-            )
-            .increment(n);
-        }
-    };
-    tokens("prompt", m.prompt_tokens.unwrap_or(0));
-    tokens("cached", m.cached_tokens.unwrap_or(0));
-    tokens("output", m.output_tokens);
+/// Record a finished proxied request: Prometheus families, cost, cache accuracy,
+/// dashboard aggregates, access log and trace (see [`Hub::finish`]).
+pub fn record_request(tags: &RequestTags, f: Finished<'_>) {
+    tags.hub.finish(tags, f);
 }
 
-/// Record one inter-token gap.
-pub fn record_itl(model: &SharedString, worker: &SharedString, gap: Duration) {
-    histogram!(
-        names::ITL_SECONDS,
-        names::L_MODEL => model.clone(),
-        names::L_WORKER => worker.clone()
-    )
-    .record(gap.as_secs_f64());
+/// Record the time a request spent in the gateway itself (not waiting on a
+/// worker, the pool queue or a retry backoff).
+pub fn record_overhead(pool: &SharedString, d: Duration) {
+    histogram!(names::GATEWAY_OVERHEAD_SECONDS, names::L_POOL => pool.clone())
+        .record(d.as_secs_f64());
 }
 
 /// Record a request the gateway answered itself with an error.
