@@ -322,6 +322,13 @@ where
                     if let Some(data) = frame.data_ref() {
                         this.obs.on_data(data, now);
                     }
+                    // A body of known length may not be polled again after its last
+                    // frame: finish here so it counts as completed, not cancelled.
+                    if this.inner.is_end_stream() {
+                        this.obs.on_end();
+                        this.obs.outcome = Some(Outcome::Completed);
+                        this.phase = Phase::Done;
+                    }
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(e))) => {

@@ -782,8 +782,8 @@ impl Hub {
         }
     }
 
-    /// Set the fleet gauges and append the cost counter to `out` (scrape time).
-    pub fn render_into(&self, out: &mut String) {
+    /// Set the fleet and cache-ratio gauges from the last tick (scrape time).
+    pub fn refresh_gauges(&self) {
         let fleet = self.fleet();
         for p in &fleet.pools {
             let pool = SharedString::from(p.pool.clone());
@@ -803,8 +803,11 @@ impl Hub {
                     .set(actual as f64 / pred as f64);
             }
         }
-        // The cost counter is a float: rendered here rather than through `metrics`,
-        // whose counters are integers.
+    }
+
+    /// Append the cost counter to `out`. It is a float, so it is rendered here
+    /// rather than through `metrics`, whose counters are integers.
+    pub fn render_into(&self, out: &mut String) {
         use std::fmt::Write;
         let _ = writeln!(
             out,

@@ -68,11 +68,15 @@ pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> 
             0.0
         });
     }
+    if let Some(hub) = hub {
+        hub.refresh_gauges();
+    }
+    let cpu = process::refresh();
     let mut out = handle.render();
     if let Some(hub) = hub {
         hub.render_into(&mut out);
     }
-    process::render_into(&mut out);
+    process::render_into(&mut out, cpu);
     out
 }
 

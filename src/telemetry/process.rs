@@ -35,14 +35,19 @@ fn parse_rss(status: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Set the memory gauge and append the CPU counter (a float, so rendered here
-/// rather than through `metrics`, whose counters are integers).
-pub fn render_into(out: &mut String) {
-    use std::fmt::Write;
+/// Set the memory gauge; returns the CPU seconds for [`render_into`].
+pub fn refresh() -> Option<f64> {
     let (cpu, rss) = sample();
     if let Some(r) = rss {
         gauge!(names::PROCESS_RESIDENT_MEMORY_BYTES).set(r as f64);
     }
+    cpu
+}
+
+/// Append the CPU counter (a float, so rendered here rather than through
+/// `metrics`, whose counters are integers).
+pub fn render_into(out: &mut String, cpu: Option<f64>) {
+    use std::fmt::Write;
     if let Some(c) = cpu {
         let n = names::PROCESS_CPU_SECONDS_TOTAL;
         let _ = writeln!(
