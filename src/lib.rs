@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod dashboard;
 pub mod demo;
+pub mod disagg;
 pub mod pool;
 pub mod proxy;
 pub mod routing;

@@ -100,6 +100,17 @@ async fn metrics_match_the_traffic_sent() {
         json!({"model": model, "stream": true, "max_tokens": 5, "messages": [{"role":"user","content":"x"}]}),
     )
     .await;
+    // A non-streamed response (Content-Length body): usage is read from its end.
+    let v: serde_json::Value = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"model": model, "max_tokens": 7, "messages": [{"role":"user","content":"plain"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    prompt_tokens += v["usage"]["prompt_tokens"].as_f64().unwrap();
     assert!(
         cached > 0.0,
         "the repeated prefix must hit the simulated cache"
@@ -120,7 +131,7 @@ async fn metrics_match_the_traffic_sent() {
     assert_eq!(metric_sum(&text, names::TOKENS_TOTAL, &l("cached")), cached);
     assert_eq!(
         metric_sum(&text, names::TOKENS_TOTAL, &l("output")),
-        3.0 * 6.0 + 5.0
+        3.0 * 6.0 + 5.0 + 7.0
     );
     assert_eq!(
         metric_sum(
@@ -128,7 +139,7 @@ async fn metrics_match_the_traffic_sent() {
             names::REQUESTS_TOTAL,
             &[("worker", &w), ("status", "200"), ("outcome", "completed")]
         ),
-        4.0
+        5.0
     );
     assert_eq!(
         metric_sum(

@@ -5,7 +5,9 @@
 pub mod observability;
 mod raw;
 
-pub use raw::{RawAdmin, RawConfig, RawDns, RawHealth, RawPool, RawServer, RawTimeouts, RawWorker};
+pub use raw::{
+    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawPool, RawServer, RawTimeouts, RawWorker,
+};
 
 pub use observability::{ObservabilityConfig, TenancyConfig};
 
@@ -55,6 +57,10 @@ pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 2;
 /// Queue defaults (used when `max_concurrency_per_worker` is set).
 pub const DEFAULT_QUEUE_SIZE: usize = 1_024;
 pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 10_000;
+/// Disaggregation defaults.
+pub const DEFAULT_MIN_UNCACHED_TOKENS: u64 = 512;
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+pub const DEFAULT_MAX_PREFILL_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Default DNS re-resolution interval (ms).
 pub const DEFAULT_DNS_INTERVAL_MS: u64 = 5_000;
 /// Label value standing for every value beyond a label's configured limit.
@@ -130,6 +136,24 @@ pub struct AdminConfig {
     pub token: String,
 }
 
+/// How a disaggregated pool hands a request from prefill to decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DisaggMode {
+    /// vLLM NIXL connector: prefill first (`max_tokens: 1`), then decode with the
+    /// returned `kv_transfer_params`.
+    Vllm,
+    /// SGLang: both at once with `bootstrap_host/port/room`.
+    Sglang,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DisaggConfig {
+    pub mode: DisaggMode,
+    pub min_uncached_tokens: u64,
+    pub bootstrap_port: u16,
+    pub max_prefill_response_bytes: usize,
+}
+
 /// Workers discovered by resolving a DNS name.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DnsConfig {
@@ -186,6 +210,7 @@ pub struct PoolConfig {
     pub queue_size: usize,
     pub queue_timeout: Duration,
     pub dns: Option<DnsConfig>,
+    pub disaggregation: Option<DisaggConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -418,6 +443,23 @@ impl RawConfig {
                     "{key}.workers: a pool needs at least one worker (or a dns section)"
                 ));
             }
+            let disaggregation = p.disaggregation.map(|d| DisaggConfig {
+                mode: match d.mode.as_str() {
+                    "vllm" => DisaggMode::Vllm,
+                    "sglang" => DisaggMode::Sglang,
+                    other => {
+                        problems.push(format!(
+                            "{key}.disaggregation.mode: unknown mode `{other}` (expected vllm or sglang)"
+                        ));
+                        DisaggMode::Vllm
+                    }
+                },
+                min_uncached_tokens: d.min_uncached_tokens.unwrap_or(DEFAULT_MIN_UNCACHED_TOKENS),
+                bootstrap_port: d.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT),
+                max_prefill_response_bytes: d
+                    .max_prefill_response_bytes
+                    .unwrap_or(DEFAULT_MAX_PREFILL_RESPONSE_BYTES),
+            });
             let retry_budget_ratio = p.retry_budget_ratio.unwrap_or(DEFAULT_RETRY_BUDGET_RATIO);
             if !(0.0..=1.0).contains(&retry_budget_ratio) {
                 problems.push(format!(
@@ -448,6 +490,7 @@ impl RawConfig {
                 queue_size: p.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
                 queue_timeout,
                 dns,
+                disaggregation,
             });
         }
         if pools.is_empty() {

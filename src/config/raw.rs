@@ -129,6 +129,21 @@ pub struct RawPool {
     pub queue_timeout_ms: Option<u64>,
     /// Workers from DNS: every address of `name` becomes `http://ADDR:port`.
     pub dns: Option<RawDns>,
+    /// Prefill/decode disaggregation (workers labelled `role = prefill|decode|both`).
+    pub disaggregation: Option<RawDisagg>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDisagg {
+    /// `vllm` (sequential, NIXL `kv_transfer_params`) or `sglang` (concurrent, bootstrap).
+    pub mode: String,
+    /// Below this many uncached prompt tokens the decode worker does everything.
+    pub min_uncached_tokens: Option<u64>,
+    /// SGLang bootstrap port of prefill workers without a `bootstrap_port` label.
+    pub bootstrap_port: Option<u16>,
+    /// Largest prefill answer read (bytes).
+    pub max_prefill_response_bytes: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

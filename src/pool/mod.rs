@@ -13,4 +13,4 @@ pub use discovery::spawn_model_discovery;
 pub use dns::spawn_dns_discovery;
 pub use health::spawn_health_checks;
 pub use registry::{ModelRoute, PoolRuntime, Registry, Snapshot};
-pub use worker::{InFlightGuard, Worker, WorkerState};
+pub use worker::{InFlightGuard, Role, Worker, WorkerState};

@@ -7,6 +7,24 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// What a worker does in a disaggregated pool (label `role`; default `both`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Prefill,
+    Decode,
+    Both,
+}
+
+impl Role {
+    pub fn from_label(v: Option<&str>) -> Role {
+        match v {
+            Some("prefill") => Role::Prefill,
+            Some("decode") => Role::Decode,
+            _ => Role::Both,
+        }
+    }
+}
+
 /// A worker as seen by one snapshot. Cheap to clone; the live state is shared
 /// across snapshots (and reloads) as long as the worker's URL is unchanged.
 #[derive(Debug)]
@@ -18,6 +36,7 @@ pub struct Worker {
     /// Path prefix before `/v1/...`, without trailing slash (usually empty).
     pub path_prefix: Arc<str>,
     pub labels: BTreeMap<String, String>,
+    pub role: Role,
     /// xxh3 of `id`, computed once for rendezvous hashing.
     pub id_hash: u64,
     pub state: Arc<WorkerState>,
@@ -70,6 +89,7 @@ impl Worker {
             scheme,
             authority,
             path_prefix: Arc::from(prefix),
+            role: Role::from_label(labels.get("role").map(String::as_str)),
             labels,
             id_hash: xxhash_rust::xxh3::xxh3_64(url.as_bytes()),
             state,

@@ -9,7 +9,7 @@ use crate::api::{Endpoint, RequestInfo};
 use crate::config::HealthConfig;
 use crate::config::Timeouts;
 use crate::pool::admission::{Priority, QueueError};
-use crate::pool::{health, ModelRoute, Worker};
+use crate::pool::{health, InFlightGuard, ModelRoute, Role, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{request, Request, Response, Uri};
 use http_body_util::Full;
+use hyper::body::Incoming;
 use metrics::counter;
 use metrics::SharedString;
 use std::sync::atomic::Ordering;
@@ -32,6 +33,23 @@ pub const SESSION_HEADER: &str = "x-session-id";
 pub const PRIORITY_HEADER: &str = "x-switchyard-priority";
 /// Debug header naming the chosen worker and the reason.
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
+
+impl ForwardContext<'_> {
+    pub(crate) fn route_request(&self) -> RouteRequest<'_> {
+        RouteRequest {
+            info: self.info,
+            session: self
+                .parts
+                .headers
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        }
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.start + self.timeouts.total
+    }
+}
 
 /// Everything the forwarding phases need about one request.
 pub struct ForwardContext<'a> {
@@ -47,66 +65,61 @@ pub struct ForwardContext<'a> {
     pub debug_headers: bool,
     /// When the gateway received the request (TTFT and e2e start here).
     pub start: Instant,
-    /// Tenant, labels and trace of the request; the phases fill in the route.
-    pub tags: &'a mut RequestTags,
-}
-
-/// Time a request spent waiting outside the gateway's own work: on workers, in the
-/// pool queue, in retry backoff. The rest of its time to the response head is the
-/// gateway's overhead.
-#[derive(Default)]
-struct Spent {
-    waiting: std::time::Duration,
+    /// Tenant, labels, trace and wait accounting of the request.
+    pub tags: &'a RequestTags,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
 /// retryable failures (within the pool's retry budget), queueing when every
 /// eligible worker is at its concurrency limit, and return the observed response.
-pub async fn forward(mut ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
-    let mut spent = Spent::default();
-    let result = forward_attempts(&mut ctx, &mut spent).await;
+/// Disaggregated pools go through `disagg::forward`, which may come back here.
+pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
+    let result = match &ctx.route.pool.config.disaggregation {
+        Some(d)
+            if matches!(
+                ctx.endpoint,
+                Endpoint::ChatCompletions | Endpoint::Completions
+            ) =>
+        {
+            crate::disagg::forward(&ctx, d).await
+        }
+        _ => forward_aggregated(&ctx).await,
+    };
+    // Overhead: time to the response head not spent waiting on workers, the pool
+    // queue or retry backoff.
     let pool = SharedString::from(ctx.route.pool.name.clone());
-    telemetry::record_overhead(&pool, ctx.start.elapsed().saturating_sub(spent.waiting));
+    telemetry::record_overhead(&pool, ctx.start.elapsed().saturating_sub(ctx.tags.waited()));
     result
 }
 
-async fn forward_attempts(
-    ctx: &mut ForwardContext<'_>,
-    spent: &mut Spent,
-) -> Result<Response<Body>, GatewayError> {
+/// The ordinary path: one worker does the whole request. In a disaggregated pool,
+/// prefill-only workers are not eligible.
+pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
     let route = ctx.route;
     let pool = &route.pool;
-    let health = ctx.health;
-    let session = ctx
-        .parts
-        .headers
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok());
-    let rreq = RouteRequest {
-        info: ctx.info,
-        session,
-    };
-    let deadline = ctx.start + ctx.timeouts.total;
+    let skip_prefill = pool.config.disaggregation.is_some();
+    let rreq = ctx.route_request();
+    let deadline = ctx.deadline();
     let pool_label = SharedString::from(pool.name.clone());
     let limit = pool.config.max_concurrency_per_worker;
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
     pool.retry_budget.on_request();
+    let eligible = |i: usize, tried: &[usize]| {
+        let w = &route.workers[i];
+        w.is_available() && !tried.contains(&i) && !(skip_prefill && w.role == Role::Prefill)
+    };
 
     let mut attempt = 0;
     while attempt < pool.config.max_attempts {
         // Phase: select (wait in the pool queue if every candidate is at its limit).
-        let accept = |i: usize| {
-            let w = &route.workers[i];
-            w.is_available() && !tried.contains(&i) && (limit == 0 || w.in_flight() < limit)
-        };
+        let accept =
+            |i: usize| eligible(i, &tried) && (limit == 0 || route.workers[i].in_flight() < limit);
         let pick_start = Instant::now();
         let decision = match route.policy.pick(&rreq, &route.workers, &accept) {
             Some(d) => d,
             None => {
-                let saturated = limit > 0
-                    && (0..route.workers.len())
-                        .any(|i| route.workers[i].is_available() && !tried.contains(&i));
+                let saturated = limit > 0 && (0..route.workers.len()).any(|i| eligible(i, &tried));
                 match (&pool.queue, saturated) {
                     (Some(q), true) => {
                         let prio = Priority::parse(
@@ -117,7 +130,7 @@ async fn forward_attempts(
                         );
                         let waited = Instant::now();
                         let r = q.wait(prio, waited).await;
-                        spent.waiting += waited.elapsed();
+                        ctx.tags.add_waited(waited.elapsed());
                         r.map_err(|e| match e {
                             QueueError::Full => GatewayError::QueueFull(pool.name.to_string()),
                             QueueError::Timeout => {
@@ -134,21 +147,12 @@ async fn forward_attempts(
             counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
             let b = Instant::now();
             backoff(pool.config.retry_backoff, attempt).await;
-            spent.waiting += b.elapsed();
+            ctx.tags.add_waited(b.elapsed());
         }
         attempt += 1;
         telemetry::record_decision(&pool_label, route.policy.name(), decision.reason.as_str());
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
-        let worker_label = SharedString::from(worker.id.clone());
-        // Predicted cached tokens: fed by the prefix index once routing provides it.
-        ctx.tags.set_route(
-            &pool_label,
-            worker,
-            route.policy.name(),
-            decision.reason.as_str(),
-            None,
-        );
         if ctx.tags.tracing() {
             ctx.tags.child_span(
                 "switchyard.route",
@@ -165,95 +169,109 @@ async fn forward_attempts(
             );
         }
 
-        // Phase: prepare.
-        let attempt_span = new_span_id();
-        let upstream_req = prepare(ctx, worker, attempt_span)?;
-
-        // Phase: send, bounded by the first-byte and total deadlines.
-        let guard = worker.begin(pool.queue.as_ref());
-        let wait = ctx
-            .timeouts
-            .first_byte
-            .min(deadline.saturating_duration_since(Instant::now()));
-        let sent = Instant::now();
-        let result = tokio::time::timeout(wait, ctx.client.request(upstream_req)).await;
-        spent.waiting += sent.elapsed();
-        if ctx.tags.tracing() {
-            let (result_label, error) = match &result {
-                Ok(Ok(r)) => (
-                    attempt_result(r.status().as_u16()),
-                    r.status().is_server_error(),
-                ),
-                Ok(Err(e)) if e.is_connect() => ("upstream_connect", true),
-                Ok(Err(_)) => ("upstream_failed", true),
-                Err(_) => ("upstream_timeout", true),
-            };
-            ctx.tags.child_span(
-                "switchyard.upstream_attempt",
-                SpanKind::Client,
-                attempt_span,
-                sent,
-                Instant::now(),
-                vec![
-                    ("switchyard.worker", worker.id.as_ref().into()),
-                    ("switchyard.attempt", attempt.into()),
-                    ("switchyard.result", result_label.into()),
-                ],
-                error,
-            );
-        }
-        let err = match result {
-            Err(_) => GatewayError::UpstreamTimeout {
-                worker: worker.id.clone(),
-                after: wait,
-            },
-            Ok(Err(e)) if e.is_connect() => GatewayError::UpstreamConnect {
-                worker: worker.id.clone(),
-                detail: error_chain(&e),
-            },
-            Ok(Err(e)) => GatewayError::UpstreamFailed {
-                worker: worker.id.clone(),
-                detail: error_chain(&e),
-            },
-            Ok(Ok(resp)) => {
+        // Phases: prepare and send.
+        match send(ctx, worker, ctx.body.clone(), deadline).await {
+            Ok((resp, guard)) => {
                 let status = resp.status();
-                telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
-                if status.as_u16() == 429 {
-                    health::on_overloaded(worker, health);
-                } else if status.is_server_error() {
-                    worker.state.failures.fetch_add(1, Ordering::Relaxed);
-                    health::on_failure(worker, &route.workers, health);
-                } else {
-                    health::on_success(&worker.state);
-                }
                 let retry_status = status.is_server_error() || status.as_u16() == 429;
                 if retry_status && may_retry(route, &tried, attempt, deadline, &pool_label) {
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
                 }
                 // Phase: on response.
-                return Ok(respond(
-                    ctx,
-                    resp,
-                    worker,
-                    worker_label,
-                    decision.reason,
-                    guard,
-                    deadline,
-                ));
+                return Ok(respond(ctx, resp, worker, decision.reason, guard, deadline));
             }
-        };
-        worker.state.failures.fetch_add(1, Ordering::Relaxed);
-        health::on_failure(worker, &route.workers, health);
-        telemetry::record_attempt(&worker_label, err.reason());
-        tracing::warn!(worker = %worker.id, error = %err, attempt, "upstream attempt failed");
-        let retry = err.retryable();
-        last_err = Some(err);
-        if !retry || !may_retry(route, &tried, attempt, deadline, &pool_label) {
-            break;
+            Err(err) => {
+                let retry = err.retryable();
+                last_err = Some(err);
+                if !retry || !may_retry(route, &tried, attempt, deadline, &pool_label) {
+                    break;
+                }
+            }
         }
     }
     Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(route.model.to_string())))
+}
+
+/// Send `body` to `worker` with the client's (filtered) headers, bounded by the
+/// first-byte and total deadlines. Health and attempt metrics are accounted here;
+/// a response of any status is `Ok` (the caller decides whether to retry it).
+pub(crate) async fn send(
+    ctx: &ForwardContext<'_>,
+    worker: &Worker,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<(Response<Incoming>, InFlightGuard), GatewayError> {
+    let route = ctx.route;
+    let health = ctx.health;
+    let worker_label = SharedString::from(worker.id.clone());
+    let attempt_span = new_span_id();
+    let upstream_req = prepare(ctx, worker, body, attempt_span)?;
+    let guard = worker.begin(route.pool.queue.as_ref());
+    let wait = ctx
+        .timeouts
+        .first_byte
+        .min(deadline.saturating_duration_since(Instant::now()));
+    let sent = Instant::now();
+    let result = tokio::time::timeout(wait, ctx.client.request(upstream_req)).await;
+    ctx.tags.add_waited(sent.elapsed());
+    let attempt = ctx.tags.add_attempt();
+    if ctx.tags.tracing() {
+        let (label, error) = match &result {
+            Ok(Ok(r)) => (
+                attempt_result(r.status().as_u16()),
+                r.status().is_server_error(),
+            ),
+            Ok(Err(e)) if e.is_connect() => ("upstream_connect", true),
+            Ok(Err(_)) => ("upstream_failed", true),
+            Err(_) => ("upstream_timeout", true),
+        };
+        ctx.tags.child_span(
+            "switchyard.upstream_attempt",
+            SpanKind::Client,
+            attempt_span,
+            sent,
+            Instant::now(),
+            vec![
+                ("switchyard.worker", worker.id.as_ref().into()),
+                ("switchyard.attempt", attempt.into()),
+                ("switchyard.result", label.into()),
+            ],
+            error,
+        );
+    }
+    let err = match result {
+        Err(_) => GatewayError::UpstreamTimeout {
+            worker: worker.id.clone(),
+            after: wait,
+        },
+        Ok(Err(e)) if e.is_connect() => GatewayError::UpstreamConnect {
+            worker: worker.id.clone(),
+            detail: error_chain(&e),
+        },
+        Ok(Err(e)) => GatewayError::UpstreamFailed {
+            worker: worker.id.clone(),
+            detail: error_chain(&e),
+        },
+        Ok(Ok(resp)) => {
+            let status = resp.status();
+            telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
+            if status.as_u16() == 429 {
+                health::on_overloaded(worker, health);
+            } else if status.is_server_error() {
+                worker.state.failures.fetch_add(1, Ordering::Relaxed);
+                health::on_failure(worker, &route.workers, health);
+            } else {
+                health::on_success(&worker.state);
+            }
+            return Ok((resp, guard));
+        }
+    };
+    worker.state.failures.fetch_add(1, Ordering::Relaxed);
+    health::on_failure(worker, &route.workers, health);
+    telemetry::record_attempt(&worker_label, err.reason());
+    tracing::warn!(worker = %worker.id, error = %err, "upstream attempt failed");
+    Err(err)
 }
 
 /// Another attempt is allowed: attempts left, time left, an untried worker able to
@@ -318,6 +336,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 fn prepare(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
+    body: Bytes,
     attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let pq = ctx
@@ -356,22 +375,33 @@ fn prepare(
     }
     headers.insert("x-request-id", ctx.request_id.clone());
     headers.insert(TRACEPARENT, ctx.tags.trace.upstream_header(attempt_span));
-    let mut req = Request::new(Full::new(ctx.body.clone()));
+    let mut req = Request::new(Full::new(body));
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
     Ok(req)
 }
 
-fn respond(
+/// Wrap the upstream response for the client: hop-by-hop headers dropped, body
+/// observed, debug route header when enabled.
+pub(crate) fn respond(
     ctx: &ForwardContext<'_>,
-    resp: Response<hyper::body::Incoming>,
+    resp: Response<Incoming>,
     worker: &Worker,
-    worker_label: SharedString,
     reason: Reason,
-    guard: crate::pool::InFlightGuard,
+    guard: InFlightGuard,
     deadline: Instant,
 ) -> Response<Body> {
+    let worker_label = SharedString::from(worker.id.clone());
+    // The response's tags: the route as finally taken. Predicted cached tokens
+    // come from the prefix index once the routing branch provides them.
+    let tags = ctx.tags.for_response(
+        &SharedString::from(ctx.route.pool.name.clone()),
+        worker,
+        ctx.route.policy.name(),
+        reason.as_str(),
+        None,
+    );
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let sse = parts
@@ -391,7 +421,7 @@ fn respond(
             idle: ctx.timeouts.idle,
             deadline,
             guard,
-            tags: ctx.tags.clone(),
+            tags,
         },
     );
     if ctx.debug_headers {

@@ -4,7 +4,7 @@
 
 mod client;
 mod error;
-mod forward;
+pub mod forward;
 mod headers;
 pub mod observe;
 pub mod retry_budget;

@@ -265,6 +265,15 @@ impl<B> ObservedBody<B> {
         }
     }
 
+    /// The upstream body ended normally.
+    fn finish(&mut self) {
+        if matches!(self.phase, Phase::Streaming) {
+            self.obs.on_end();
+            self.obs.outcome = Some(Outcome::Completed);
+            self.phase = Phase::Done;
+        }
+    }
+
     fn fail(&mut self, reason: &'static str, message: &str) {
         counter!(
             names::STREAM_ERRORS_TOTAL,
@@ -322,12 +331,11 @@ where
                     if let Some(data) = frame.data_ref() {
                         this.obs.on_data(data, now);
                     }
-                    // A body of known length may not be polled again after its last
-                    // frame: finish here so it counts as completed, not cancelled.
+                    // hyper stops polling a body with a known length once it has
+                    // written every byte, and drops it without asking for the end:
+                    // finish here so a complete response is not counted as cancelled.
                     if this.inner.is_end_stream() {
-                        this.obs.on_end();
-                        this.obs.outcome = Some(Outcome::Completed);
-                        this.phase = Phase::Done;
+                        this.finish();
                     }
                     return Poll::Ready(Some(Ok(frame)));
                 }
@@ -337,9 +345,7 @@ where
                     continue;
                 }
                 Poll::Ready(None) => {
-                    this.obs.on_end();
-                    this.obs.outcome = Some(Outcome::Completed);
-                    this.phase = Phase::Done;
+                    this.finish();
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {}
@@ -369,7 +375,11 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.phase, Phase::Done)
+        match self.phase {
+            Phase::Done => true,
+            Phase::Streaming => self.inner.is_end_stream(),
+            Phase::Failing(_) => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -17,6 +17,10 @@ use std::sync::Arc;
 pub enum Reason {
     RoundRobin,
     Random,
+    /// Disaggregation: the prefill worker answered for the client (its error).
+    Prefill,
+    /// Disaggregation: the decode worker, chosen by load.
+    Decode,
 }
 
 impl Reason {
@@ -24,6 +28,8 @@ impl Reason {
         match self {
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
+            Reason::Prefill => "pd_prefill",
+            Reason::Decode => "pd_decode",
         }
     }
 }

@@ -54,6 +54,7 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         let route = snap
             .route(name)
             .ok_or_else(|| GatewayError::UnknownModel(name.to_string()))?;
+        tags.pool = Some(route.pool.name.clone().into());
         if tags.tracing() {
             let attrs = vec![
                 ("switchyard.tenant", (*tags.tenant.name).into()),
@@ -81,7 +82,7 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
             health: &snap.config.health,
             debug_headers: server.debug_headers,
             start,
-            tags: &mut tags,
+            tags: &tags,
         })
         .await
     }

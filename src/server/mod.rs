@@ -44,7 +44,6 @@ impl Gateway {
     /// Build the gateway state and start its background tasks (model discovery).
     pub async fn start(config: Config) -> Arc<Gateway> {
         let client = UpstreamClient::new(config.server.timeouts.connect);
-        let metrics = telemetry::install();
         let hub = telemetry::Hub::new(&config);
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
@@ -53,6 +52,8 @@ impl Gateway {
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
+        let metrics = telemetry::install();
+        telemetry::spawn_upkeep(metrics.clone());
         Arc::new(Gateway {
             registry,
             client,

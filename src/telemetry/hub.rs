@@ -21,7 +21,7 @@ use http::HeaderValue;
 use metrics::{counter, gauge, histogram, SharedString};
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -76,7 +76,9 @@ pub fn quantile(counts: &[u64; NB], q: f64) -> Option<f64> {
 }
 
 /// Everything known about one request, carried from admission to the observer.
-#[derive(Clone)]
+/// The forwarding phases see it by shared reference: attempts and time spent
+/// waiting are atomics; the route taken is filled in on the copy handed to the
+/// response observer ([`RequestTags::for_response`]).
 pub struct RequestTags {
     pub hub: Arc<Hub>,
     pub config: Arc<Config>,
@@ -88,36 +90,85 @@ pub struct RequestTags {
     pub stream: bool,
     pub trace: TraceContext,
     pub pool: Option<SharedString>,
-    pub worker: Option<Arc<Worker>>,
+    pub worker: Option<Arc<str>>,
+    /// The worker's `tier` label, for the price table.
+    pub tier: Option<Box<str>>,
     pub region: SharedString,
     pub policy: Option<&'static str>,
     pub reason: Option<&'static str>,
-    pub attempts: u32,
+    attempts: AtomicU32,
+    /// Time spent waiting on workers, the pool queue and retry backoff (ns).
+    waited_ns: AtomicU64,
     /// Prompt tokens the router expects the chosen worker to have cached.
     pub predicted_cached_tokens: Option<u64>,
 }
 
+impl Clone for RequestTags {
+    fn clone(&self) -> Self {
+        RequestTags {
+            hub: self.hub.clone(),
+            config: self.config.clone(),
+            request_id: self.request_id.clone(),
+            tenant: self.tenant.clone(),
+            tenant_label: self.tenant_label.clone(),
+            request_bytes: self.request_bytes,
+            stream: self.stream,
+            trace: self.trace.clone(),
+            pool: self.pool.clone(),
+            worker: self.worker.clone(),
+            tier: self.tier.clone(),
+            region: self.region.clone(),
+            policy: self.policy,
+            reason: self.reason,
+            attempts: AtomicU32::new(self.attempts()),
+            waited_ns: AtomicU64::new(self.waited_ns.load(Ordering::Relaxed)),
+            predicted_cached_tokens: self.predicted_cached_tokens,
+        }
+    }
+}
+
 impl RequestTags {
-    /// Record the routing outcome of an attempt (the last one wins).
-    pub fn set_route(
-        &mut self,
+    /// A copy for the response observer, with the route as finally taken.
+    pub fn for_response(
+        &self,
         pool: &SharedString,
-        worker: &Arc<Worker>,
+        worker: &Worker,
         policy: &'static str,
         reason: &'static str,
         predicted_cached_tokens: Option<u64>,
-    ) {
-        self.pool = Some(pool.clone());
+    ) -> RequestTags {
+        let mut t = self.clone();
+        t.pool = Some(pool.clone());
         let region = worker
             .labels
             .get(REGION_LABEL_KEY)
             .map_or(UNKNOWN_REGION, String::as_str);
-        self.region = self.hub.regions.get(region);
-        self.worker = Some(worker.clone());
-        self.policy = Some(policy);
-        self.reason = Some(reason);
-        self.attempts += 1;
-        self.predicted_cached_tokens = predicted_cached_tokens;
+        t.region = self.hub.regions.get(region);
+        t.worker = Some(worker.id.clone());
+        t.tier = worker.labels.get(TIER_LABEL_KEY).map(|s| s.as_str().into());
+        t.policy = Some(policy);
+        t.reason = Some(reason);
+        t.predicted_cached_tokens = predicted_cached_tokens;
+        t
+    }
+
+    /// Count an upstream attempt; returns its number (1-based).
+    pub fn add_attempt(&self) -> u32 {
+        self.attempts.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn attempts(&self) -> u32 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Add time spent waiting outside the gateway's own work.
+    pub fn add_waited(&self, d: Duration) {
+        self.waited_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed))
     }
 }
 
@@ -319,10 +370,12 @@ impl Hub {
             trace,
             pool: None,
             worker: None,
+            tier: None,
             region: SharedString::const_str(NONE_LABEL),
             policy: None,
             reason: None,
-            attempts: 0,
+            attempts: AtomicU32::new(0),
+            waited_ns: AtomicU64::new(0),
             predicted_cached_tokens: None,
         }
     }
@@ -404,9 +457,9 @@ impl Hub {
         // Cost: the most specific price row for (model, pool, worker tier).
         let mut cost_usd = 0.0;
         if let Some(w) = &tags.worker {
-            let acc = self.worker_acc(&w.id);
+            let acc = self.worker_acc(w);
             acc.tokens.fetch_add(toks.processed(), Ordering::Relaxed);
-            let tier = w.labels.get(TIER_LABEL_KEY).map(String::as_str);
+            let tier = tags.tier.as_deref();
             if let Some(price) =
                 cost::find_price(&tags.config.observability.prices, f.model, &pool, tier)
             {
@@ -477,11 +530,11 @@ impl Hub {
                 model: Some(Arc::from(&**f.model)),
                 endpoint: f.endpoint,
                 pool: tags.pool.as_ref().map(|p| Arc::from(&**p)),
-                worker: tags.worker.as_ref().map(|w| w.id.clone()),
+                worker: tags.worker.clone(),
                 region: Some(Arc::from(&*tags.region)),
                 policy: tags.policy,
                 reason: tags.reason,
-                attempts: tags.attempts,
+                attempts: tags.attempts(),
                 status: f.status,
                 outcome: f.outcome.as_str(),
                 class,
@@ -523,7 +576,7 @@ impl Hub {
             .worker
             .as_ref()
             .map_or(SharedString::const_str(NONE_LABEL), |w| {
-                SharedString::from(w.id.clone())
+                SharedString::from(w.clone())
             });
         counter!(
             names::REQUESTS_TOTAL,
@@ -551,11 +604,11 @@ impl Hub {
                 model: model.map(Arc::from),
                 endpoint,
                 pool: tags.pool.as_ref().map(|p| Arc::from(&**p)),
-                worker: tags.worker.as_ref().map(|w| w.id.clone()),
+                worker: tags.worker.clone(),
                 region: tags.worker.as_ref().map(|_| Arc::from(&*tags.region)),
                 policy: tags.policy,
                 reason: tags.reason,
-                attempts: tags.attempts,
+                attempts: tags.attempts(),
                 status,
                 outcome: "gateway_error",
                 class,

@@ -56,6 +56,24 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// How often the exporter's histogram storage is compacted when nobody scrapes.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Start the exporter's upkeep task once per process (must run inside a runtime):
+/// without it, histogram samples accumulate between scrapes.
+pub fn spawn_upkeep(handle: PrometheusHandle) {
+    static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(UPKEEP_EVERY).await;
+            handle.run_upkeep();
+        }
+    });
+}
+
 /// Render the exposition text, refreshing the worker gauges from their atomics first.
 pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> String {
     for w in snap.workers() {

@@ -24,6 +24,9 @@ pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
 pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
 pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
+pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
+pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
+pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
 
 // ---- Observability and cost (issue 6) ----
 pub const COST_USD_TOTAL: &str = "switchyard_cost_usd_total";
@@ -61,6 +64,8 @@ pub const L_REASON: &str = "reason";
 pub const L_RESULT: &str = "result";
 pub const L_POLICY: &str = "policy";
 pub const L_STATE: &str = "state";
+pub const L_MODE: &str = "mode";
+pub const L_LEG: &str = "leg";
 
 /// Register help text and units for every metric.
 pub fn describe() {

@@ -194,13 +194,13 @@ impl Tracer {
             ("http.response.status_code", json!(status)),
             ("switchyard.outcome", json!(outcome)),
             ("switchyard.tenant", json!(&*tags.tenant.name)),
-            ("switchyard.attempts", json!(tags.attempts)),
+            ("switchyard.attempts", json!(tags.attempts())),
         ];
         if let Some(p) = &tags.pool {
             attrs.push(("switchyard.pool", json!(&**p)));
         }
         if let Some(w) = &tags.worker {
-            attrs.push(("switchyard.worker", json!(&*w.id)));
+            attrs.push(("switchyard.worker", json!(&**w)));
         }
         self.record(Span {
             trace_id: t.trace_id,
