@@ -605,3 +605,112 @@ fn scaling_targets(
         tolerance: tol.clamp(0.0, 0.99),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{parse, Config, ConfigError};
+
+    fn check(text: &str) -> Result<Config, ConfigError> {
+        parse(text)?.validate()
+    }
+
+    const POOL: &str =
+        "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nworkers = [{ url = \"http://h:1\" }]\n";
+
+    #[test]
+    fn defaults_when_the_sections_are_absent() {
+        let c = check(POOL).unwrap();
+        let o = &c.observability;
+        assert!(o.access_log.is_none() && o.tracing.is_none() && o.dashboard);
+        assert_eq!(o.max_tenant_labels, super::DEFAULT_MAX_TENANT_LABELS);
+        assert_eq!(
+            o.scaling.for_pool("p").max_replicas,
+            super::DEFAULT_MAX_REPLICAS
+        );
+        assert!(c.tenancy.tenants.is_empty());
+    }
+
+    #[test]
+    fn observability_sections_parse() {
+        std::env::set_var("SWITCHYARD_CFG_TEST_TENANT_KEY", "sk-123");
+        let c = check(&format!(
+            r#"
+            [access_log]
+            enabled = true
+            path = "/tmp/x.jsonl"
+            [tracing]
+            otlp_endpoint = "http://127.0.0.1:4318/"
+            sample_ratio = 0.5
+            [[tenants]]
+            name = "acme"
+            api_key_env = "SWITCHYARD_CFG_TEST_TENANT_KEY"
+            [[prices]]
+            model = "m"
+            prompt_per_mtok = 0.5
+            output_per_mtok = 1.5
+            [[prices]]
+            tier = "h100"
+            gpu_hour_usd = 2.5
+            [scaling]
+            target_queue_per_replica = 4
+            [scaling.pools.p]
+            max_replicas = 3
+            {POOL}"#
+        ))
+        .unwrap();
+        let o = &c.observability;
+        assert_eq!(
+            o.tracing.as_ref().unwrap().traces_url,
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(o.prices.len(), 2);
+        let p = o.scaling.for_pool("p");
+        assert_eq!((p.queue_per_replica, p.max_replicas), (4.0, 3));
+        assert_eq!(c.tenancy.tenants[0].name, "acme");
+        // The key never shows in the config's debug output.
+        assert!(!format!("{:?}", c.tenancy).contains("sk-123"));
+    }
+
+    #[test]
+    fn observability_problems_name_their_keys() {
+        let e = check(&format!(
+            r#"
+            [telemetry]
+            max_tenant_labels = 0
+            [tracing]
+            otlp_endpoint = "ftp://x"
+            [[tenants]]
+            name = "anonymous"
+            api_key_env = "SWITCHYARD_CFG_TEST_SURELY_UNSET"
+            [[prices]]
+            prompt_per_mtok = -1.0
+            [[prices]]
+            prompt_per_mtok = 1.0
+            gpu_hour_usd = 2.0
+            [[prices]]
+            pool = "nope"
+            [scaling]
+            min_replicas = 5
+            max_replicas = 2
+            [scaling.pools.ghost]
+            target_kv_usage = 1.5
+            {POOL}"#
+        ))
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "telemetry.max_tenant_labels",
+            "tracing.otlp_endpoint",
+            "tenants[0].name: `anonymous` is reserved",
+            "tenants[0].api_key_env",
+            "prices[0].prompt_per_mtok",
+            "prices[1]: set either per-token prices or gpu_hour_usd",
+            "prices[2]: needs",
+            "scaling: need 0 <= min_replicas <= max_replicas",
+            "scaling.pools.ghost: no pool named `ghost`",
+            "scaling.pools.ghost.target_kv_usage",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+    }
+}
