@@ -2,11 +2,14 @@
 //! then validated into the typed [`Config`] the rest of the gateway reads. Every
 //! rejection names the key path. Defaults live here and nowhere else.
 
+pub mod observability;
 mod raw;
 
 pub use raw::{
     RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawPool, RawServer, RawTimeouts, RawWorker,
 };
+
+pub use observability::{ObservabilityConfig, TenancyConfig};
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -60,6 +63,8 @@ pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 pub const DEFAULT_MAX_PREFILL_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Default DNS re-resolution interval (ms).
 pub const DEFAULT_DNS_INTERVAL_MS: u64 = 5_000;
+/// Label value standing for every value beyond a label's configured limit.
+pub const OTHER_LABEL: &str = "other";
 
 /// Routing policies a pool can name. Their behaviour lives in `routing/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -104,6 +109,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     pub health: HealthConfig,
     pub admin: Option<AdminConfig>,
+    pub observability: ObservabilityConfig,
+    pub tenancy: TenancyConfig,
 }
 
 /// Health checking and ejection (see `pool/health.rs`).
@@ -510,16 +517,35 @@ impl RawConfig {
         }
         for (i, p) in pools.iter().enumerate() {
             if p.name.contains(':') {
-                problems.push(format!("pools[{i}].name: `:` is reserved, got `{}`", p.name));
+                problems.push(format!(
+                    "pools[{i}].name: `:` is reserved, got `{}`",
+                    p.name
+                ));
             }
             for f in &p.fallback {
                 if f == &p.name {
-                    problems.push(format!("pools[{i}].fallback: a pool cannot fall back to itself"));
+                    problems.push(format!(
+                        "pools[{i}].fallback: a pool cannot fall back to itself"
+                    ));
                 } else if !pools.iter().any(|q| &q.name == f) {
                     problems.push(format!("pools[{i}].fallback: no pool named `{f}`"));
                 }
             }
         }
+        let pool_names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+        let (observability, tenancy) = observability::validate(
+            observability::ObservabilityRaw {
+                telemetry: self.telemetry,
+                access_log: self.access_log,
+                tracing: self.tracing,
+                prices: self.prices,
+                scaling: self.scaling,
+                tenancy: self.tenancy,
+                tenants: self.tenants,
+            },
+            &pool_names,
+            &mut problems,
+        );
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
@@ -539,6 +565,8 @@ impl RawConfig {
             pools,
             health,
             admin,
+            observability,
+            tenancy,
         })
     }
 }

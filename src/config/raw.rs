@@ -15,6 +15,21 @@ pub struct RawConfig {
     pub health: RawHealth,
     #[serde(default)]
     pub admin: RawAdmin,
+    // Observability, tenancy and cost (validated in `config/observability.rs`).
+    #[serde(default)]
+    pub telemetry: super::observability::RawTelemetry,
+    #[serde(default)]
+    pub access_log: super::observability::RawAccessLog,
+    #[serde(default)]
+    pub tracing: super::observability::RawTracing,
+    #[serde(default)]
+    pub prices: Vec<super::observability::RawPrice>,
+    #[serde(default)]
+    pub scaling: super::observability::RawScaling,
+    #[serde(default)]
+    pub tenancy: super::observability::RawTenancy,
+    #[serde(default)]
+    pub tenants: Vec<super::observability::RawTenant>,
 }
 
 /// Active health checks and passive ejection, for every pool.

@@ -8,10 +8,10 @@ use crate::config::{Config, PoolConfig, WorkerConfig};
 use crate::proxy::retry_budget::RetryBudget;
 use crate::routing::{self, Policy};
 use crate::telemetry::PairMetrics;
-use metrics::SharedString;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;
+use metrics::SharedString;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -292,12 +292,16 @@ impl Registry {
                     continue;
                 }
                 let model_label = SharedString::from(Arc::<str>::from(model.as_str()));
+                let pool_label = SharedString::from(pool.name.clone());
                 let metrics = ws
                     .iter()
                     .map(|w| {
+                        let region = w.labels.get("region").map_or("unknown", String::as_str);
                         Arc::new(PairMetrics::new(
                             model_label.clone(),
+                            pool_label.clone(),
                             SharedString::from(w.id.clone()),
+                            SharedString::from(region.to_string()),
                         ))
                     })
                     .collect();

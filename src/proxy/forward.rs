@@ -13,6 +13,8 @@ use crate::pool::{health, InFlightGuard, ModelRoute, Role, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
+use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
+use crate::telemetry::RequestTags;
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -63,6 +65,8 @@ pub struct ForwardContext<'a> {
     pub debug_headers: bool,
     /// When the gateway received the request (TTFT and e2e start here).
     pub start: Instant,
+    /// Tenant, labels, trace and wait accounting of the request.
+    pub tags: &'a RequestTags,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -70,15 +74,22 @@ pub struct ForwardContext<'a> {
 /// eligible worker is at its concurrency limit, and return the observed response.
 /// Disaggregated pools go through `disagg::forward`, which may come back here.
 pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
-    if let Some(d) = &ctx.route.pool.config.disaggregation {
-        if matches!(
-            ctx.endpoint,
-            Endpoint::ChatCompletions | Endpoint::Completions
-        ) {
-            return crate::disagg::forward(&ctx, d).await;
+    let result = match &ctx.route.pool.config.disaggregation {
+        Some(d)
+            if matches!(
+                ctx.endpoint,
+                Endpoint::ChatCompletions | Endpoint::Completions
+            ) =>
+        {
+            crate::disagg::forward(&ctx, d).await
         }
-    }
-    forward_aggregated(&ctx).await
+        _ => forward_aggregated(&ctx).await,
+    };
+    // Overhead: time to the response head not spent waiting on workers, the pool
+    // queue or retry backoff.
+    let pool = SharedString::from(ctx.route.pool.name.clone());
+    telemetry::record_overhead(&pool, ctx.start.elapsed().saturating_sub(ctx.tags.waited()));
+    result
 }
 
 /// The ordinary path: one worker does the whole request. In a disaggregated pool,
@@ -104,6 +115,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         // Phase: select (wait in the pool queue if every candidate is at its limit).
         let accept =
             |i: usize| eligible(i, &tried) && (limit == 0 || route.workers[i].in_flight() < limit);
+        let pick_start = Instant::now();
         let decision = match route.policy.pick(&rreq, &route.workers, &accept) {
             Some(d) => d,
             None => {
@@ -116,7 +128,10 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                                 .get(PRIORITY_HEADER)
                                 .and_then(|v| v.to_str().ok()),
                         );
-                        q.wait(prio, Instant::now()).await.map_err(|e| match e {
+                        let waited = Instant::now();
+                        let r = q.wait(prio, waited).await;
+                        ctx.tags.add_waited(waited.elapsed());
+                        r.map_err(|e| match e {
                             QueueError::Full => GatewayError::QueueFull(pool.name.to_string()),
                             QueueError::Timeout => {
                                 GatewayError::QueueTimeout(pool.name.to_string())
@@ -130,12 +145,29 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         };
         if attempt > 0 {
             counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
+            let b = Instant::now();
             backoff(pool.config.retry_backoff, attempt).await;
+            ctx.tags.add_waited(b.elapsed());
         }
         attempt += 1;
         telemetry::record_decision(&pool_label, route.policy.name(), decision.reason.as_str());
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
+        if ctx.tags.tracing() {
+            ctx.tags.child_span(
+                "switchyard.route",
+                SpanKind::Internal,
+                new_span_id(),
+                pick_start,
+                Instant::now(),
+                vec![
+                    ("switchyard.policy", route.policy.name().into()),
+                    ("switchyard.reason", decision.reason.as_str().into()),
+                    ("switchyard.worker", worker.id.as_ref().into()),
+                ],
+                false,
+            );
+        }
 
         // Phases: prepare and send.
         match send(ctx, decision.index, ctx.body.clone(), deadline).await {
@@ -147,7 +179,14 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     continue;
                 }
                 // Phase: on response.
-                return Ok(respond(ctx, resp, decision.index, decision.reason, guard, deadline));
+                return Ok(respond(
+                    ctx,
+                    resp,
+                    decision.index,
+                    decision.reason,
+                    guard,
+                    deadline,
+                ));
             }
             Err(err) => {
                 let retry = err.retryable();
@@ -174,13 +213,42 @@ pub(crate) async fn send(
     let health = ctx.health;
     let worker = &route.workers[idx];
     let metrics = &route.metrics[idx];
-    let upstream_req = prepare(ctx, worker, body)?;
+    let attempt_span = new_span_id();
+    let upstream_req = prepare(ctx, worker, body, attempt_span)?;
     let guard = worker.begin(route.pool.queue.as_ref());
     let wait = ctx
         .timeouts
         .first_byte
         .min(deadline.saturating_duration_since(Instant::now()));
-    let err = match tokio::time::timeout(wait, ctx.client.request(upstream_req)).await {
+    let sent = Instant::now();
+    let result = tokio::time::timeout(wait, ctx.client.request(upstream_req)).await;
+    ctx.tags.add_waited(sent.elapsed());
+    let attempt = ctx.tags.add_attempt();
+    if ctx.tags.tracing() {
+        let (label, error) = match &result {
+            Ok(Ok(r)) => (
+                attempt_result(r.status().as_u16()),
+                r.status().is_server_error(),
+            ),
+            Ok(Err(e)) if e.is_connect() => ("upstream_connect", true),
+            Ok(Err(_)) => ("upstream_failed", true),
+            Err(_) => ("upstream_timeout", true),
+        };
+        ctx.tags.child_span(
+            "switchyard.upstream_attempt",
+            SpanKind::Client,
+            attempt_span,
+            sent,
+            Instant::now(),
+            vec![
+                ("switchyard.worker", worker.id.as_ref().into()),
+                ("switchyard.attempt", attempt.into()),
+                ("switchyard.result", label.into()),
+            ],
+            error,
+        );
+    }
+    let err = match result {
         Err(_) => GatewayError::UpstreamTimeout {
             worker: worker.id.clone(),
             after: wait,
@@ -277,6 +345,7 @@ fn prepare(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
     body: Bytes,
+    attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let pq = ctx
         .parts
@@ -313,6 +382,7 @@ fn prepare(
         headers.insert(header::AUTHORIZATION, auth.clone());
     }
     headers.insert("x-request-id", ctx.request_id.clone());
+    headers.insert(TRACEPARENT, ctx.tags.trace.upstream_header(attempt_span));
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
@@ -331,6 +401,15 @@ pub(crate) fn respond(
     deadline: Instant,
 ) -> Response<Body> {
     let worker = &ctx.route.workers[idx];
+    // The response's tags: the route as finally taken. Predicted cached tokens
+    // come from the prefix index once the routing branch provides them.
+    let tags = ctx.tags.for_response(
+        &SharedString::from(ctx.route.pool.name.clone()),
+        worker,
+        ctx.route.policy.name(),
+        reason.as_str(),
+        None,
+    );
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let sse = parts
@@ -349,6 +428,7 @@ pub(crate) fn respond(
             idle: ctx.timeouts.idle,
             deadline,
             guard,
+            tags,
         },
     );
     if ctx.debug_headers {

@@ -32,13 +32,17 @@ pub struct Gateway {
     pub registry: Arc<Registry>,
     pub client: UpstreamClient,
     pub metrics: PrometheusHandle,
+    /// Cost, dashboard aggregates, fleet view, access log, traces.
+    pub hub: Arc<telemetry::Hub>,
+    /// API key → tenant; rebuilt on reload.
+    pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
     shutting_down: AtomicBool,
     reloader: arc_swap::ArcSwapOption<Reloader>,
 }
 
 impl Gateway {
-    /// Build the gateway state and start its background tasks (discovery, health).
-    /// Fails only if the upstream TLS trust store cannot be built.
+    /// Build the gateway state and start its background tasks (discovery, health,
+    /// telemetry). Fails only if the upstream TLS trust store cannot be built.
     pub async fn start(config: Config) -> std::io::Result<Arc<Gateway>> {
         let ca_files: Vec<String> = config
             .pools
@@ -46,7 +50,11 @@ impl Gateway {
             .filter_map(|p| p.upstream_ca_file.clone())
             .collect();
         let client = UpstreamClient::new(config.server.timeouts.connect, &ca_files)?;
+        let hub = telemetry::Hub::new(&config);
+        let tenancy =
+            arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
         let registry = Registry::new(config);
+        telemetry::hub::spawn_ticker(hub.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
@@ -56,6 +64,8 @@ impl Gateway {
             registry,
             client,
             metrics,
+            hub,
+            tenancy,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
         }))
@@ -73,6 +83,8 @@ impl Gateway {
         };
         match f() {
             Ok(cfg) => {
+                self.tenancy
+                    .store(Arc::new(crate::tenancy::Tenancy::new(&cfg.tenancy)));
                 self.registry.apply_config(cfg);
                 metrics::counter!(names::CONFIG_RELOADS_TOTAL, names::L_RESULT => "ok")
                     .increment(1);
@@ -104,6 +116,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
         .route("/metrics", get(handlers::metrics))
+        .merge(crate::dashboard::router(&gw))
         .fallback(handlers::fallback)
         .with_state(gw)
 }

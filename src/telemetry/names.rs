@@ -28,6 +28,31 @@ pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
 
+// ---- Observability and cost (issue 6) ----
+pub const COST_USD_TOTAL: &str = "switchyard_cost_usd_total";
+pub const GATEWAY_OVERHEAD_SECONDS: &str = "switchyard_gateway_overhead_seconds";
+pub const PROCESS_CPU_SECONDS_TOTAL: &str = "switchyard_process_cpu_seconds_total";
+pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "switchyard_process_resident_memory_bytes";
+pub const CACHE_PREDICTED_TOKENS_TOTAL: &str = "switchyard_cache_predicted_tokens_total";
+pub const CACHE_ACTUAL_TOKENS_TOTAL: &str = "switchyard_cache_actual_tokens_total";
+pub const CACHE_PREDICTIONS_TOTAL: &str = "switchyard_cache_predictions_total";
+pub const CACHE_PREDICTION_RATIO: &str = "switchyard_cache_prediction_ratio";
+pub const POOL_IMBALANCE_RATIO: &str = "switchyard_pool_imbalance_ratio";
+pub const POOL_IDLE_WORKERS: &str = "switchyard_pool_idle_workers";
+pub const POOL_SATURATION_RATIO: &str = "switchyard_pool_saturation_ratio";
+pub const POOL_REPLICAS: &str = "switchyard_pool_replicas";
+pub const POOL_DESIRED_REPLICAS: &str = "switchyard_pool_desired_replicas";
+pub const ACCESS_LOG_RECORDS_TOTAL: &str = "switchyard_access_log_records_total";
+pub const ACCESS_LOG_DROPPED_TOTAL: &str = "switchyard_access_log_dropped_total";
+pub const TRACE_SPANS_DROPPED_TOTAL: &str = "switchyard_trace_spans_dropped_total";
+pub const TRACE_EXPORTS_TOTAL: &str = "switchyard_trace_exports_total";
+pub const LABEL_OVERFLOW_TOTAL: &str = "switchyard_label_overflow_total";
+
+pub const L_REGION: &str = "region";
+pub const L_TENANT: &str = "tenant";
+pub const L_CLASS: &str = "class";
+pub const L_LABEL: &str = "label";
+
 pub const L_MODEL: &str = "model";
 pub const L_WORKER: &str = "worker";
 pub const L_POOL: &str = "pool";
@@ -90,5 +115,69 @@ pub fn describe() {
     describe_gauge!(
         WORKER_HEALTHY,
         "1 when the worker takes new requests, 0 when ejected or draining."
+    );
+    describe_observability();
+}
+
+/// Help text for the observability and cost metrics (issue 6).
+fn describe_observability() {
+    describe_histogram!(
+        GATEWAY_OVERHEAD_SECONDS,
+        Unit::Seconds,
+        "Time a request spent in the gateway itself: arrival to response head, minus upstream waits, queue waits and retry backoff."
+    );
+    describe_gauge!(
+        PROCESS_RESIDENT_MEMORY_BYTES,
+        "Resident memory of the gateway process."
+    );
+    describe_counter!(
+        CACHE_PREDICTED_TOKENS_TOTAL,
+        "Prompt tokens the router predicted the chosen worker had cached, over requests with a prediction and usage."
+    );
+    describe_counter!(
+        CACHE_ACTUAL_TOKENS_TOTAL,
+        "Cached prompt tokens the worker reported in usage, over the same requests."
+    );
+    describe_counter!(
+        CACHE_PREDICTIONS_TOTAL,
+        "Requests with a cache prediction, by result: hit (both > 0), false_hit (predicted, none cached), missed_hit (not predicted, cached), miss."
+    );
+    describe_gauge!(
+        CACHE_PREDICTION_RATIO,
+        "Actual cached tokens / predicted cached tokens since start (1 = perfect; < 1 over-prediction)."
+    );
+    describe_gauge!(
+        POOL_IMBALANCE_RATIO,
+        "Max / mean of per-worker load (queue, else in-flight) over a pool's available workers; 1 when balanced or idle."
+    );
+    describe_gauge!(
+        POOL_IDLE_WORKERS,
+        "Available workers with no new request for telemetry.idle_worker_after_ms while another worker of the pool has requests waiting."
+    );
+    describe_gauge!(
+        POOL_SATURATION_RATIO,
+        "Pool load against its scaling targets: the largest of queue/target, KV usage/target and TTFT p90/target."
+    );
+    describe_gauge!(POOL_REPLICAS, "Available workers in the pool.");
+    describe_gauge!(
+        POOL_DESIRED_REPLICAS,
+        "Recommended replica count for the pool (see docs/observability.md for the formula)."
+    );
+    describe_counter!(ACCESS_LOG_RECORDS_TOTAL, "Access-log records written.");
+    describe_counter!(
+        ACCESS_LOG_DROPPED_TOTAL,
+        "Access-log records dropped because the writer's buffer was full."
+    );
+    describe_counter!(
+        TRACE_SPANS_DROPPED_TOTAL,
+        "Spans dropped because the exporter's buffer was full."
+    );
+    describe_counter!(
+        TRACE_EXPORTS_TOTAL,
+        "OTLP export requests by result (ok, error)."
+    );
+    describe_counter!(
+        LABEL_OVERFLOW_TOTAL,
+        "Label values mapped to `other` because the label's configured limit was reached."
     );
 }
