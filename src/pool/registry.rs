@@ -8,10 +8,10 @@ use crate::config::{Config, PoolConfig, WorkerConfig};
 use crate::proxy::retry_budget::RetryBudget;
 use crate::routing::{self, Policy};
 use crate::telemetry::PairMetrics;
-use metrics::SharedString;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;
+use metrics::SharedString;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 

@@ -25,7 +25,10 @@ pub struct UpstreamClient {
 
 impl UpstreamClient {
     /// A client trusting the webpki roots and the PEM certificates in `extra_ca_files`.
-    pub fn new(connect_timeout: Duration, extra_ca_files: &[String]) -> std::io::Result<UpstreamClient> {
+    pub fn new(
+        connect_timeout: Duration,
+        extra_ca_files: &[String],
+    ) -> std::io::Result<UpstreamClient> {
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         for file in extra_ca_files {

@@ -147,7 +147,14 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     continue;
                 }
                 // Phase: on response.
-                return Ok(respond(ctx, resp, decision.index, decision.reason, guard, deadline));
+                return Ok(respond(
+                    ctx,
+                    resp,
+                    decision.index,
+                    decision.reason,
+                    guard,
+                    deadline,
+                ));
             }
             Err(err) => {
                 let retry = err.retryable();

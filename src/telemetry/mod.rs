@@ -152,7 +152,13 @@ impl PairMetrics {
     }
 
     /// Record a finished proxied request.
-    pub fn record_request(&self, endpoint: usize, status: u16, outcome: Outcome, m: &RequestMetrics) {
+    pub fn record_request(
+        &self,
+        endpoint: usize,
+        status: u16,
+        outcome: Outcome,
+        m: &RequestMetrics,
+    ) {
         if status == 200 && outcome == Outcome::Completed && endpoint < ENDPOINTS.len() {
             self.completed[endpoint].increment(1);
         } else {
