@@ -172,7 +172,8 @@ def one_request(port, model, stream, forced, max_tokens, timeout_s):
             if r.status == 200:
                 ok = "choices" in json.loads(data)
                 return ("succeeded" if ok else "eligible_failed", dt, "200 without choices")
-            return ("eligible_failed", dt, f"status {r.status}")
+            msg = data[:160].decode(errors="replace")
+            return ("eligible_failed", dt, f"status {r.status}: {msg}")
         content, done, error = 0, False, None
         while True:
             line = r.readline()
@@ -209,7 +210,7 @@ def expected_forced(fault, stream, cls, detail):
     if fault.startswith("die-after"):
         return cls == "cut_with_error" if stream else cls == "eligible_failed"
     want = {"500": "status 500", "429": "status 429", "reset": "status 502", "hang": "status 504"}
-    return cls == "eligible_failed" and detail == want[fault]
+    return cls == "eligible_failed" and detail.startswith(want[fault] + ":")
 
 
 def run_round(name, args, gw_port, model, rng):
@@ -225,8 +226,9 @@ def run_round(name, args, gw_port, model, rng):
     def go(item):
         stream, forced, mt = item
         if time.time() > deadline:
-            return (stream, forced, "not_sent", 0.0, "round deadline")
-        return (stream, forced) + one_request(gw_port, model, stream, forced, mt, args.client_timeout_s)
+            return (stream, forced, "not_sent", 0.0, "round deadline", 0)
+        t = round(time.time(), 2)
+        return (stream, forced) + one_request(gw_port, model, stream, forced, mt, args.client_timeout_s) + (t,)
 
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=args.concurrency) as ex:
@@ -234,17 +236,17 @@ def run_round(name, args, gw_port, model, rng):
     wall = time.time() - t0
     counts = {k: 0 for k in ["succeeded", "eligible_failed", "cut_with_error", "silent_truncated", "not_sent"]}
     forced_n, forced_unexpected, lat, failures = 0, [], [], []
-    for stream, forced, cls, dt, detail in results:
+    for stream, forced, cls, dt, detail, t in results:
         if forced:
             forced_n += 1
             if not expected_forced(forced, stream, cls, detail):
-                forced_unexpected.append((forced, stream, cls, detail))
+                forced_unexpected.append((t, forced, stream, cls, detail))
             continue
         counts[cls] += 1
         if cls == "succeeded":
             lat.append(dt)
         elif cls in ("eligible_failed", "silent_truncated"):
-            failures.append((stream, cls, detail))
+            failures.append((t, stream, cls, detail))
     sent = args.requests - counts["not_sent"]
     return {
         "round": name,
@@ -256,8 +258,8 @@ def run_round(name, args, gw_port, model, rng):
         "forced_unexpected": len(forced_unexpected),
         "p50_ms": round(percentile(lat, 50) * 1000, 1),
         "p99_ms": round(percentile(lat, 99) * 1000, 1),
-        "failure_details": failures[:50],
-        "forced_unexpected_details": forced_unexpected[:50],
+        "failure_details": failures[:300],
+        "forced_unexpected_details": forced_unexpected[:100],
     }
 
 
@@ -286,6 +288,7 @@ def main():
     ap.add_argument("--chaos-every-s", type=float, default=1.0)
     ap.add_argument("--no-chaos", action="store_true")
     ap.add_argument("--first-byte-ms", type=int, default=1000)
+    ap.add_argument("--eject-after-failures", type=int, default=3, help="health.eject_after_failures")
     ap.add_argument("--max-attempts", type=int, default=4)
     ap.add_argument("--retry-budget-ratio", type=float, default=0.5)
     ap.add_argument("--client-timeout-s", type=float, default=15)
@@ -330,6 +333,7 @@ total_ms = 20000
 [health]
 interval_ms = 200
 timeout_ms = 300
+eject_after_failures = {args.eject_after_failures}
 [[pools]]
 name = "soak"
 models = ["{model}"]
@@ -359,13 +363,14 @@ workers = [{workers}]
                 chaos.stop.set()
                 chaos.join()
                 res["chaos_events"] = len(chaos.log)
+                res["chaos_log"] = chaos.log
             for p in sim_ports:
                 http_json("POST", p, "/sim/faults", baseline)
             time.sleep(1.0)  # let in-flight cleanup finish before sampling memory
             rss[f"after_round{i + 1}"] = rss_kib(gw.pid)
             res["rss_kib_after"] = rss[f"after_round{i + 1}"]
             rounds.append(res)
-            print(json.dumps({k: v for k, v in res.items() if not k.endswith("details")}), flush=True)
+            print(json.dumps({k: v for k, v in res.items() if not k.endswith(("details", "log"))}), flush=True)
         text = http_json("GET", gw_port, "/metrics")[1].decode()
         gm = {n: metric(text, n) for n in [
             "switchyard_retries_total", "switchyard_retry_budget_exhausted_total",
