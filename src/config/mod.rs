@@ -6,7 +6,8 @@ pub mod observability;
 mod raw;
 
 pub use raw::{
-    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawPool, RawServer, RawTimeouts, RawWorker,
+    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawServer,
+    RawTimeouts, RawWorker,
 };
 
 pub use observability::{ObservabilityConfig, TenancyConfig};
@@ -163,6 +164,20 @@ pub struct DnsConfig {
     pub labels: BTreeMap<String, String>,
 }
 
+/// Workers discovered from Kubernetes pods (see `pool/k8s.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    pub namespace: String,
+    pub label_selector: Option<String>,
+    /// Fallback port when the pod has no (valid) `port_annotation`.
+    pub port: Option<u16>,
+    pub port_annotation: Option<String>,
+    /// Pod label → worker label.
+    pub label_map: BTreeMap<String, String>,
+    /// `None`: `kube::Config::infer()` (in-cluster service account, then kubeconfig).
+    pub api_url: Option<String>,
+}
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
@@ -216,6 +231,7 @@ pub struct PoolConfig {
     /// Pool names, in order.
     pub fallback: Vec<String>,
     pub lora_adapters: Vec<String>,
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -449,9 +465,12 @@ impl RawConfig {
                     labels: d.labels,
                 }
             });
-            if workers.is_empty() && dns.is_none() {
+            let kubernetes = p
+                .kubernetes
+                .map(|k| validate_kubernetes(k, &format!("{key}.kubernetes"), &mut problems));
+            if workers.is_empty() && dns.is_none() && kubernetes.is_none() {
                 problems.push(format!(
-                    "{key}.workers: a pool needs at least one worker (or a dns section)"
+                    "{key}.workers: a pool needs at least one worker (or a dns or kubernetes section)"
                 ));
             }
             let disaggregation = p.disaggregation.map(|d| DisaggConfig {
@@ -510,6 +529,7 @@ impl RawConfig {
                 }),
                 fallback: p.fallback,
                 lora_adapters: p.lora_adapters,
+                kubernetes,
             });
         }
         if pools.is_empty() {
@@ -568,6 +588,45 @@ impl RawConfig {
             observability,
             tenancy,
         })
+    }
+}
+
+fn validate_kubernetes(k: RawKubernetes, key: &str, p: &mut Vec<String>) -> KubernetesConfig {
+    if k.namespace.is_empty() {
+        p.push(format!("{key}.namespace: must not be empty"));
+    }
+    if k.port == Some(0) {
+        p.push(format!("{key}.port: must be greater than 0"));
+    }
+    if k.port.is_none() && k.port_annotation.is_none() {
+        p.push(format!(
+            "{key}: set `port`, `port_annotation`, or both (the annotation wins when present)"
+        ));
+    }
+    if k.port_annotation.as_deref() == Some("") {
+        p.push(format!("{key}.port_annotation: must not be empty"));
+    }
+    for (from, to) in &k.label_map {
+        if from.is_empty() || to.is_empty() {
+            p.push(format!(
+                "{key}.label_map: empty label name in `{from}` = `{to}`"
+            ));
+        }
+    }
+    let api_url = k.api_url.and_then(|u| match normalize_worker_url(&u) {
+        Ok(u) => Some(u),
+        Err(e) => {
+            p.push(format!("{key}.api_url: {e}"));
+            None
+        }
+    });
+    KubernetesConfig {
+        namespace: k.namespace,
+        label_selector: k.label_selector.filter(|s| !s.is_empty()),
+        port: k.port,
+        port_annotation: k.port_annotation,
+        label_map: k.label_map,
+        api_url,
     }
 }
 
@@ -747,6 +806,57 @@ mod tests {
         ] {
             assert!(all.contains(needle), "missing `{needle}` in:\n{all}");
         }
+    }
+
+    #[test]
+    fn kubernetes_section_is_enough_for_a_pool() {
+        let c = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            [pools.kubernetes]
+            namespace = "inference"
+            label_selector = "app=vllm"
+            port_annotation = "switchyard.io/port"
+            label_map = { "topology.kubernetes.io/region" = "region" }
+            api_url = "http://127.0.0.1:6443/"
+            "#,
+        )
+        .unwrap();
+        let k = c.pools[0].kubernetes.as_ref().unwrap();
+        assert_eq!(k.namespace, "inference");
+        assert_eq!(k.port, None);
+        assert_eq!(k.api_url.as_deref(), Some("http://127.0.0.1:6443"));
+        assert_eq!(k.label_map["topology.kubernetes.io/region"], "region");
+    }
+
+    #[test]
+    fn kubernetes_rejections_name_the_key() {
+        let e = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            [pools.kubernetes]
+            namespace = ""
+            api_url = "ftp://x"
+            label_map = { "a" = "" }
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "pools[0].kubernetes.namespace: must not be empty",
+            "pools[0].kubernetes: set `port`, `port_annotation`",
+            "pools[0].kubernetes.api_url",
+            "pools[0].kubernetes.label_map",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+        let e =
+            check("[[pools]]\nmodels = [\"m\"]\n[pools.kubernetes]\nnamespace = \"n\"\nprot = 1\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("prot"), "{e}");
     }
 
     #[test]

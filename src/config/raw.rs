@@ -141,6 +141,8 @@ pub struct RawPool {
     /// LoRA adapter names served by this pool's workers; forwarded unchanged.
     #[serde(default)]
     pub lora_adapters: Vec<String>,
+    /// Workers from Kubernetes: Ready pods matching a label selector in a namespace.
+    pub kubernetes: Option<RawKubernetes>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -165,6 +167,24 @@ pub struct RawDns {
     pub interval_ms: Option<u64>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+}
+
+/// Kubernetes discovery: every Ready pod with an IP becomes `http://POD_IP:PORT`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKubernetes {
+    pub namespace: String,
+    /// Kubernetes label selector, e.g. `app=vllm,tier!=canary`; all pods when unset.
+    pub label_selector: Option<String>,
+    /// Port of the engine on every pod (used when the annotation is absent).
+    pub port: Option<u16>,
+    /// Pod annotation holding the port, e.g. `switchyard.io/port`; wins over `port`.
+    pub port_annotation: Option<String>,
+    /// Pod label → worker label, e.g. `"topology.kubernetes.io/region" = "region"`.
+    #[serde(default)]
+    pub label_map: BTreeMap<String, String>,
+    /// API server URL (tests, out-of-cluster); default: in-cluster or kubeconfig.
+    pub api_url: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

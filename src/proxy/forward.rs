@@ -265,7 +265,7 @@ pub(crate) async fn send(
             let status = resp.status();
             metrics.record_attempt(attempt_result(status.as_u16()));
             if status.as_u16() == 429 {
-                health::on_overloaded(worker, health);
+                health::on_overloaded(worker, &route.workers, health);
             } else if status.is_server_error() {
                 worker.state.failures.fetch_add(1, Ordering::Relaxed);
                 health::on_failure(worker, &route.workers, health);

@@ -41,8 +41,9 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Build the gateway state and start its background tasks (discovery, health,
-    /// telemetry). Fails only if the upstream TLS trust store cannot be built.
+    /// Build the gateway state and start its background tasks (model, DNS and Kubernetes
+    /// discovery, health checks).
+    /// Fails only if the upstream TLS trust store cannot be built.
     pub async fn start(config: Config) -> std::io::Result<Arc<Gateway>> {
         let ca_files: Vec<String> = config
             .pools
@@ -58,6 +59,7 @@ impl Gateway {
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
+        pool::spawn_k8s_discovery(&registry);
         let metrics = telemetry::install();
         telemetry::spawn_upkeep(metrics.clone());
         Ok(Arc::new(Gateway {
