@@ -4,8 +4,10 @@
 
 mod discovery;
 mod registry;
+pub mod stats;
 mod worker;
 
 pub use discovery::spawn_model_discovery;
 pub use registry::{ModelRoute, PoolRuntime, Registry, Snapshot};
+pub use stats::spawn_stats_poller;
 pub use worker::{InFlightGuard, Worker, WorkerState};

@@ -3,8 +3,8 @@
 //! atomically; requests in flight keep the snapshot they started with.
 
 use super::worker::{Worker, WorkerState};
-use crate::config::{Config, PoolConfig};
-use crate::routing::{self, Policy};
+use crate::config::{Config, PolicyKind, PoolConfig};
+use crate::routing::{self, Policy, PrefixIndex};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;
@@ -18,6 +18,9 @@ pub struct PoolRuntime {
     pub workers: Vec<Arc<Worker>>,
     /// `Authorization` value injected upstream, when the pool has an API key.
     pub upstream_auth: Option<HeaderValue>,
+    /// The pool's prefix index (kept by the registry across rebuilds), when its
+    /// policy or an allowed override uses one.
+    pub prefix_index: Option<Arc<PrefixIndex>>,
 }
 
 /// Where requests for one model name go.
@@ -26,8 +29,21 @@ pub struct ModelRoute {
     pub model: Arc<str>,
     pub pool: Arc<PoolRuntime>,
     pub policy: Box<dyn Policy>,
+    /// The other policies a request may ask for with `x-switchyard-policy`
+    /// (empty unless the pool sets `allow_policy_override`).
+    pub overrides: Vec<Box<dyn Policy>>,
     /// The pool's workers that serve this model.
     pub workers: Vec<Arc<Worker>>,
+}
+
+impl ModelRoute {
+    /// The policy named `name` among the allowed overrides.
+    pub fn override_policy(&self, name: &str) -> Option<&dyn Policy> {
+        self.overrides
+            .iter()
+            .find(|p| p.name() == name)
+            .map(|p| &**p)
+    }
 }
 
 /// One immutable view of everything routing needs.
@@ -79,6 +95,8 @@ pub struct Registry {
     current: ArcSwap<Snapshot>,
     config: ArcSwap<Config>,
     states: DashMap<Arc<str>, Arc<WorkerState>>,
+    /// Prefix index per pool name; outlives snapshots.
+    indexes: DashMap<Arc<str>, Arc<PrefixIndex>>,
 }
 
 impl Registry {
@@ -92,6 +110,7 @@ impl Registry {
             }),
             config: ArcSwap::new(config),
             states: DashMap::new(),
+            indexes: DashMap::new(),
         };
         reg.rebuild();
         Arc::new(reg)
@@ -144,11 +163,22 @@ impl Registry {
                     v.set_sensitive(true);
                     v
                 });
+            let prefix_index = routing::needs_index(pc).then(|| {
+                let ix = self
+                    .indexes
+                    .entry(Arc::from(pc.name.as_str()))
+                    .or_insert_with(|| Arc::new(PrefixIndex::new(pc.routing.index_max_blocks)))
+                    .clone();
+                ix.set_max_pairs(pc.routing.index_max_blocks);
+                ix.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
+                ix
+            });
             let pool = Arc::new(PoolRuntime {
                 name: Arc::from(pc.name.as_str()),
                 config: pc.clone(),
                 workers: workers.clone(),
                 upstream_auth,
+                prefix_index: prefix_index.clone(),
             });
             // model name → workers serving it
             let mut served: Vec<(String, Vec<Arc<Worker>>)> = Vec::new();
@@ -175,10 +205,30 @@ impl Registry {
                     // A discovered name already served by an earlier pool: first pool wins.
                     continue;
                 }
+                let build = |kind| {
+                    routing::build(&routing::BuildContext {
+                        kind,
+                        model: &model,
+                        pool: pc,
+                        workers: &ws,
+                        index: prefix_index.as_ref(),
+                    })
+                };
+                let overrides = if pc.routing.allow_policy_override {
+                    PolicyKind::ALL
+                        .iter()
+                        .copied()
+                        .filter(|k| *k != pc.policy && *k != PolicyKind::Weighted)
+                        .map(build)
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let route = Arc::new(ModelRoute {
                     model: Arc::from(model.as_str()),
                     pool: pool.clone(),
-                    policy: routing::build(pc.policy),
+                    policy: build(pc.policy),
+                    overrides,
                     workers: ws,
                 });
                 routes.insert(model.clone(), route.clone());

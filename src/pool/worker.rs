@@ -1,5 +1,6 @@
 //! One upstream engine and its shared live state.
 
+use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +32,8 @@ pub struct WorkerState {
     pub draining: AtomicBool,
     /// Models from the worker's `/v1/models` (discovered pools only).
     pub discovered_models: ArcSwap<Vec<String>>,
+    /// Engine stats from the poller plus the gateway's corrections (`pool::stats`).
+    pub stats: WorkerStats,
 }
 
 impl Default for WorkerState {
@@ -42,6 +45,7 @@ impl Default for WorkerState {
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             discovered_models: ArcSwap::from_pointee(Vec::new()),
+            stats: WorkerStats::default(),
         }
     }
 }
@@ -81,6 +85,7 @@ impl Worker {
     pub fn begin(&self) -> InFlightGuard {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
+        self.state.stats.note_started();
         InFlightGuard(self.state.clone())
     }
 
@@ -96,6 +101,7 @@ pub struct InFlightGuard(Arc<WorkerState>);
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.stats.note_finished();
     }
 }
 

@@ -23,6 +23,9 @@ use tokio::time::Instant;
 pub const SESSION_HEADER: &str = "x-session-id";
 /// Debug header naming the chosen worker and the reason.
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
+/// Request header naming a policy to use instead of the pool's (honoured only when
+/// the pool sets `allow_policy_override`).
+pub const POLICY_HEADER: &str = "x-switchyard-policy";
 
 /// Everything the forwarding phases need about one request.
 pub struct ForwardContext<'a> {
@@ -49,22 +52,36 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
         .headers
         .get(SESSION_HEADER)
         .and_then(|v| v.to_str().ok());
-    let rreq = RouteRequest {
-        info: ctx.info,
-        session,
-    };
+    let rreq = RouteRequest::new(ctx.info, session);
     let deadline = ctx.start + ctx.timeouts.total;
     let pool_label = SharedString::from(pool.name.clone());
+    let policy = match ctx
+        .parts
+        .headers
+        .get(POLICY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|name| route.override_policy(name))
+    {
+        Some(p) => {
+            telemetry::record_policy_override(&pool_label, p.name());
+            p
+        }
+        None => &*route.policy,
+    };
+    let prompt_tokens = ctx.info.routing_text.as_ref().map_or(0, |t| t.len() as u64)
+        / u64::from(pool.config.routing.bytes_per_token.get());
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
 
     for attempt in 0..pool.config.max_attempts {
         // Phase: select.
         let accept = |i: usize| route.workers[i].is_available() && !tried.contains(&i);
-        let Some(decision) = route.policy.pick(&rreq, &route.workers, &accept) else {
+        let Some(decision) = policy.pick(&rreq, &route.workers, &accept) else {
             break;
         };
-        telemetry::record_decision(&pool_label, route.policy.name(), decision.reason.as_str());
+        telemetry::record_decision(&pool_label, policy.name(), decision.reason.as_str());
+        policy.record(&decision, &rreq, &route.workers);
+        let est_cost = policy.estimate_cost(&decision, &rreq);
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
         let worker_label = SharedString::from(worker.id.clone());
@@ -74,6 +91,7 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
 
         // Phase: send, bounded by the first-byte and total deadlines.
         let guard = worker.begin();
+        worker.state.stats.note_tokens(prompt_tokens);
         let wait = ctx
             .timeouts
             .first_byte
@@ -104,13 +122,16 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
                     continue;
                 }
                 telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
+                if let Some(usd) = est_cost {
+                    telemetry::record_estimated_cost(&pool_label, usd);
+                }
                 // Phase: on response.
                 return Ok(respond(
                     &ctx,
                     resp,
                     worker,
                     worker_label,
-                    decision.reason,
+                    (policy.name(), decision.reason, est_cost),
                     guard,
                     deadline,
                 ));
@@ -204,7 +225,7 @@ fn respond(
     resp: Response<hyper::body::Incoming>,
     worker: &Worker,
     worker_label: SharedString,
-    reason: Reason,
+    (policy, reason, est_cost): (&'static str, Reason, Option<f64>),
     guard: crate::pool::InFlightGuard,
     deadline: Instant,
 ) -> Response<Body> {
@@ -230,8 +251,11 @@ fn respond(
         },
     );
     if ctx.debug_headers {
-        if let Ok(v) = HeaderValue::from_str(&format!("{}; reason={}", worker.id, reason.as_str()))
-        {
+        let mut v = format!("{}; policy={policy}; reason={}", worker.id, reason.as_str());
+        if let Some(usd) = est_cost {
+            v.push_str(&format!("; est_cost_usd={usd:.9}"));
+        }
+        if let Ok(v) = HeaderValue::from_str(&v) {
             parts.headers.insert(ROUTE_HEADER, v);
         }
     }

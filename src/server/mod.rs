@@ -34,11 +34,13 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Build the gateway state and start its background tasks (model discovery).
+    /// Build the gateway state and start its background tasks (model discovery,
+    /// worker stats poller).
     pub async fn start(config: Config) -> Arc<Gateway> {
         let client = UpstreamClient::new(config.server.timeouts.connect);
         let registry = Registry::new(config);
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
+        pool::spawn_stats_poller(registry.clone(), client.clone());
         Arc::new(Gateway {
             registry,
             client,
