@@ -1,0 +1,963 @@
+//! HTTP surface of one simulated engine, in the shapes of vLLM's OpenAI
+//! server: chat/completions (stream and not), embeddings, models, health,
+//! version, metrics; SGLang's `/get_load`; the `/sim/*` admin routes; P/D
+//! parameters of vLLM's NIXL connector and SGLang's bootstrap protocol.
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Router};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::engine::{vocab, Event, Finish, Remote, Submit};
+use super::faults::{Fault, Faults, FAULT_HEADER};
+use super::{metrics, tokenizer, ConnCtl, EngineKind, Role, Shared};
+
+type S = State<Arc<Shared>>;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/version", get(version))
+        .route("/metrics", get(prom))
+        .route("/get_load", get(get_load))
+        .route("/get_model_info", get(get_model_info))
+        .route("/sim/faults", post(set_faults).get(get_faults))
+        .route("/sim/info", get(info))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(32 << 20))
+        .with_state(shared)
+}
+
+// ---------------------------------------------------------------- errors
+
+/// An OpenAI-shaped error, as vLLM sends it.
+pub(crate) struct ApiError {
+    status: StatusCode,
+    message: String,
+    param: Option<&'static str>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let kind = match self.status.as_u16() {
+            400 => "BadRequestError",
+            404 => "NotFoundError",
+            429 => "RateLimitError",
+            503 => "ServiceUnavailableError",
+            s if s >= 500 => "InternalServerError",
+            _ => "Error",
+        };
+        let body = json!({"error": {
+            "message": self.message, "type": kind, "param": self.param, "code": self.status.as_u16()
+        }});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        r
+    }
+}
+
+fn api_error(
+    status: StatusCode,
+    message: impl Into<String>,
+    param: Option<&'static str>,
+) -> ApiError {
+    ApiError {
+        status,
+        message: message.into(),
+        param,
+    }
+}
+
+pub(crate) fn error(
+    status: StatusCode,
+    message: impl Into<String>,
+    param: Option<&'static str>,
+) -> Response {
+    api_error(status, message, param).into_response()
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    api_error(StatusCode::BAD_REQUEST, message, None)
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "Not Found", None)
+}
+
+// ---------------------------------------------------------------- info routes
+
+async fn health(State(s): S) -> Response {
+    if s.faults.borrow().health_fail {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unhealthy (sim fault)",
+            None,
+        );
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn version() -> Response {
+    axum::Json(json!({"version": concat!(env!("CARGO_PKG_VERSION"), "+switchyard-sim")}))
+        .into_response()
+}
+
+async fn models(State(s): S) -> Response {
+    let data: Vec<Value> = s
+        .cfg
+        .served_names()
+        .map(|m| {
+            json!({"id": m, "object": "model", "created": s.started, "owned_by": s.cfg.engine.as_str(),
+                   "root": s.cfg.model, "parent": null, "max_model_len": s.cfg.max_model_len,
+                   "permission": []})
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+async fn prom(State(s): S) -> Response {
+    let text = metrics::render(s.cfg.engine, &s.cfg.model, &s.stats);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn get_load(State(s): S) -> Response {
+    if s.cfg.engine != EngineKind::Sglang {
+        return not_found().await;
+    }
+    let running = s.stats.running.load(Relaxed);
+    let waiting = s.stats.waiting.load(Relaxed);
+    let tokens = s.stats.kv_used_blocks.load(Relaxed) * s.stats.block_size;
+    axum::Json(json!([{
+        "dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": tokens
+    }]))
+    .into_response()
+}
+
+async fn get_model_info(State(s): S) -> Response {
+    if s.cfg.engine != EngineKind::Sglang {
+        return not_found().await;
+    }
+    axum::Json(
+        json!({"model_path": s.cfg.model, "tokenizer_path": s.cfg.model, "is_generation": true}),
+    )
+    .into_response()
+}
+
+async fn info(State(s): S) -> Response {
+    let c = &s.cfg;
+    axum::Json(json!({
+        "engine": c.engine, "role": c.role, "engine_id": s.engine_id, "profile": c.profile,
+        "model": c.model, "aliases": c.aliases, "time_scale": c.time_scale, "seed": c.seed,
+        "max_num_seqs": c.max_num_seqs, "max_num_batched_tokens": c.max_num_batched_tokens,
+        "block_size": c.block_size, "num_blocks": c.num_blocks, "max_model_len": c.max_model_len,
+        "enable_prefix_caching": c.enable_prefix_caching, "preemption": c.preemption,
+        "step_base_ms": c.step_base_ms, "per_seq_ms": c.per_seq_ms,
+        "per_prefill_token_ms": c.per_prefill_token_ms,
+        "kv_transfer_base_ms": c.kv_transfer_base_ms,
+        "kv_transfer_per_token_ms": c.kv_transfer_per_token_ms,
+    }))
+    .into_response()
+}
+
+async fn set_faults(State(s): S, body: Bytes) -> Response {
+    let f: Faults = match serde_json::from_slice(&body) {
+        Ok(f) => f,
+        Err(e) => return bad(format!("invalid faults: {e}")).into_response(),
+    };
+    if let Err(e) = f.validate() {
+        return bad(e).into_response();
+    }
+    s.faults.send_replace(f.clone());
+    axum::Json(f).into_response()
+}
+
+async fn get_faults(State(s): S) -> Response {
+    axum::Json(s.faults.borrow().clone()).into_response()
+}
+
+// ---------------------------------------------------------------- faults
+
+/// Count the arrival and decide its fault. Returns a response when the fault
+/// answers by itself (status, hang, reset).
+async fn arrive(s: &Shared, headers: &HeaderMap, ctl: &ConnCtl) -> Result<Option<Fault>, ApiError> {
+    let n = s.arrivals.fetch_add(1, Relaxed);
+    s.stats.requests_received.fetch_add(1, Relaxed);
+    let header = match headers.get(FAULT_HEADER) {
+        None => None,
+        Some(v) => match v.to_str().ok().and_then(Fault::parse) {
+            Some(f) => Some(f),
+            None => return Err(bad(format!("unknown {FAULT_HEADER} value"))),
+        },
+    };
+    let fault = s.faults.borrow().decide(s.cfg.seed, n, header);
+    match fault {
+        Some(Fault::Status(code)) => {
+            let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            Err(api_error(status, format!("injected fault {code}"), None))
+        }
+        Some(Fault::Hang) => {
+            std::future::pending::<()>().await;
+            Err(api_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unreachable",
+                None,
+            ))
+        }
+        Some(Fault::Reset) => {
+            ctl.0.notify_one();
+            std::future::pending::<()>().await;
+            Err(api_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "unreachable",
+                None,
+            ))
+        }
+        other => Ok(other),
+    }
+}
+
+// ---------------------------------------------------------------- requests
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// Fields common to chat and completions requests that the sim uses.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Common {
+    model: Option<String>,
+    stream: bool,
+    stream_options: Option<StreamOptions>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    ignore_eos: bool,
+    n: Option<i64>,
+    cache_salt: Option<String>,
+    kv_transfer_params: Option<Value>,
+    bootstrap_host: Option<Value>,
+    bootstrap_port: Option<Value>,
+    bootstrap_room: Option<Value>,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+/// A validated generation request.
+struct Gen {
+    kind: Kind,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+    submit: Option<Submit>,
+    events: mpsc::UnboundedReceiver<Event>,
+    /// Prefill side of vLLM's NIXL P/D: answer with `kv_transfer_params`.
+    nixl_prefill: bool,
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    let v: Value =
+        serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON body: {e}")))?;
+    if !v.is_object() {
+        return Err(bad("request body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+fn check_model(s: &Shared, model: Option<String>) -> Result<String, ApiError> {
+    match model {
+        None => Ok(s.cfg.model.clone()),
+        Some(m) if s.cfg.served_names().any(|n| n == m) => Ok(m),
+        Some(m) => Err(api_error(
+            StatusCode::NOT_FOUND,
+            format!("The model `{m}` does not exist."),
+            Some("model"),
+        )),
+    }
+}
+
+fn truthy(v: Option<&Value>) -> bool {
+    v.and_then(Value::as_bool).unwrap_or(false)
+}
+
+fn chat_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
+    let Some(msgs) = v.get("messages").and_then(Value::as_array) else {
+        return Err(bad("messages: field required (a list)"));
+    };
+    if msgs.is_empty() {
+        return Err(bad("messages: must not be empty"));
+    }
+    let mut owned: Vec<(String, String)> = Vec::with_capacity(msgs.len());
+    for (i, m) in msgs.iter().enumerate() {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("messages[{i}].role: field required")))?;
+        let content = match m.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut t = String::new();
+                for p in parts {
+                    if let Some(s) = p.get("text").and_then(Value::as_str) {
+                        t.push_str(s);
+                    }
+                }
+                t
+            }
+            Some(_) => {
+                return Err(bad(format!(
+                    "messages[{i}].content: must be a string or a list"
+                )))
+            }
+        };
+        owned.push((role.to_string(), content));
+    }
+    Ok(tokenizer::encode_chat(
+        owned.iter().map(|(r, c)| (r.as_str(), c.as_str())),
+    ))
+}
+
+fn prompt_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
+    let ids = |a: &[Value]| -> Option<Vec<u32>> {
+        a.iter()
+            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect()
+    };
+    match v.get("prompt") {
+        Some(Value::String(s)) => Ok(tokenizer::encode(s)),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            Ok(tokenizer::encode(a[0].as_str().unwrap_or_default()))
+        }
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_array() => a[0]
+            .as_array()
+            .and_then(|x| ids(x))
+            .ok_or_else(|| bad("prompt: token ids must be non-negative integers")),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => {
+            ids(a).ok_or_else(|| bad("prompt: token ids must be non-negative integers"))
+        }
+        Some(Value::Array(_)) => Err(bad("prompt: the simulator takes one prompt per request")),
+        _ => Err(bad(
+            "prompt: field required (a string or a list of token ids)",
+        )),
+    }
+}
+
+impl Gen {
+    fn build(s: &Shared, kind: Kind, body: &Bytes) -> Result<Gen, ApiError> {
+        let v = parse_json(body)?;
+        let c: Common =
+            serde_json::from_value(v.clone()).map_err(|e| bad(format!("invalid request: {e}")))?;
+        let model = check_model(s, c.model)?;
+        let tokens = match kind {
+            Kind::Chat => chat_tokens(&v)?,
+            Kind::Completion => prompt_tokens(&v)?,
+        };
+        if tokens.is_empty() {
+            return Err(bad("prompt: must not be empty"));
+        }
+        if c.n.is_some_and(|n| n != 1) {
+            return Err(bad("n: the simulator supports n=1 only"));
+        }
+        let max_len = s.cfg.max_model_len;
+        let p = tokens.len();
+        if p >= max_len {
+            return Err(bad(format!(
+                "This model's maximum context length is {max_len} tokens. However, you requested \
+                 {p} tokens in the messages, Please reduce the length of the messages."
+            )));
+        }
+        let requested = c.max_completion_tokens.or(c.max_tokens);
+        let mut max_tokens = match requested {
+            None => max_len - p,
+            Some(m) if m < 1 => {
+                return Err(bad(format!("max_tokens must be at least 1, got {m}.")))
+            }
+            Some(m) => {
+                let m = usize::try_from(m).unwrap_or(usize::MAX);
+                if p.saturating_add(m) > max_len {
+                    return Err(bad(format!(
+                        "This model's maximum context length is {max_len} tokens. However, you \
+                         requested {} tokens ({p} in the messages, {m} in the completion). Please \
+                         reduce the length of the messages or completion.",
+                        p.saturating_add(m)
+                    )));
+                }
+                m
+            }
+        };
+
+        // Prefill/decode disaggregation.
+        let role = s.cfg.role;
+        let mut remote = None;
+        let mut nixl_prefill = false;
+        if let Some(kv) = c.kv_transfer_params.as_ref().filter(|v| v.is_object()) {
+            if truthy(kv.get("do_remote_decode")) {
+                if role == Role::Decode {
+                    return Err(bad("kv_transfer_params: this engine is a decode instance"));
+                }
+                nixl_prefill = true;
+                max_tokens = 1;
+            } else if truthy(kv.get("do_remote_prefill")) {
+                if role == Role::Prefill {
+                    return Err(bad("kv_transfer_params: this engine is a prefill instance"));
+                }
+                if !kv.get("remote_block_ids").is_some_and(Value::is_array) {
+                    return Err(bad("kv_transfer_params: remote_block_ids required"));
+                }
+                remote = Some(Remote { extra_ms: 0.0 });
+            }
+        } else if c.bootstrap_room.is_some() {
+            if c.bootstrap_host.is_none() || c.bootstrap_port.is_none() {
+                return Err(bad(
+                    "bootstrap_host and bootstrap_port are required with bootstrap_room",
+                ));
+            }
+            match role {
+                Role::Prefill => max_tokens = 1,
+                Role::Decode => {
+                    // Both halves start at once: the KV lands after the peer's
+                    // prefill (assumed idle and uncached) plus the transfer.
+                    let pr = &s.params;
+                    let extra =
+                        pr.step_base_ms + pr.per_seq_ms + pr.per_prefill_token_ms * p as f64;
+                    remote = Some(Remote { extra_ms: extra });
+                }
+                Role::Both => {}
+            }
+        }
+
+        let (tx, events) = mpsc::unbounded_channel();
+        let include_usage = c.stream_options.is_some_and(|o| o.include_usage);
+        Ok(Gen {
+            kind,
+            model,
+            stream: c.stream,
+            include_usage,
+            submit: Some(Submit {
+                tokens,
+                max_tokens,
+                ignore_eos: c.ignore_eos,
+                salt: c.cache_salt,
+                remote,
+                want_blocks: nixl_prefill,
+                arrived: Instant::now(),
+                events: tx,
+            }),
+            events,
+            nixl_prefill,
+        })
+    }
+}
+
+async fn chat(
+    State(s): S,
+    Extension(ctl): Extension<ConnCtl>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(s, ctl, headers, body, Kind::Chat).await
+}
+
+async fn completions(
+    State(s): S,
+    Extension(ctl): Extension<ConnCtl>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(s, ctl, headers, body, Kind::Completion).await
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn request_id(kind: Kind) -> String {
+    let prefix = match kind {
+        Kind::Chat => "chatcmpl-",
+        Kind::Completion => "cmpl-",
+    };
+    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+}
+
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({"prompt_tokens": prompt, "total_tokens": prompt + completion,
+           "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached}})
+}
+
+async fn generate(
+    s: Arc<Shared>,
+    ctl: ConnCtl,
+    headers: HeaderMap,
+    body: Bytes,
+    kind: Kind,
+) -> Response {
+    let fault = match arrive(&s, &headers, &ctl).await {
+        Ok(f) => f,
+        Err(r) => return r.into_response(),
+    };
+    let mut g = match Gen::build(&s, kind, &body) {
+        Ok(g) => g,
+        Err(r) => return r.into_response(),
+    };
+    let slow = match fault {
+        Some(Fault::Slow(ms)) => Duration::from_millis(ms),
+        _ => Duration::ZERO,
+    };
+    let die_after = match fault {
+        Some(Fault::DieAfter(n)) => Some(n as usize),
+        _ => None,
+    };
+    let Some(submit) = g.submit.take() else {
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "request already submitted",
+            None,
+        );
+    };
+    if g.stream {
+        stream_response(s, g, submit, slow, die_after)
+    } else {
+        if !slow.is_zero() {
+            tokio::time::sleep(slow).await;
+        }
+        if s.submit.send(submit).await.is_err() {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "engine is not running",
+                None,
+            );
+        }
+        full_response(&s, g, ctl, die_after).await
+    }
+}
+
+async fn full_response(s: &Shared, mut g: Gen, ctl: ConnCtl, die_after: Option<usize>) -> Response {
+    let v = vocab();
+    let mut text = String::new();
+    let mut n = 0;
+    while let Some(e) = g.events.recv().await {
+        match e {
+            Event::Token { tok, .. } => {
+                text.push_str(&v.text[tok as usize]);
+                n += 1;
+                if die_after.is_some_and(|d| n >= d) {
+                    ctl.0.notify_one();
+                    std::future::pending::<()>().await;
+                }
+            }
+            Event::Failed(m) => return error(StatusCode::INTERNAL_SERVER_ERROR, m, None),
+            Event::Done {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+                blocks,
+            } => {
+                if die_after.is_some() {
+                    ctl.0.notify_one();
+                    std::future::pending::<()>().await;
+                }
+                let kv = if g.nixl_prefill {
+                    json!({"do_remote_prefill": true, "do_remote_decode": false,
+                           "remote_block_ids": blocks, "remote_engine_id": s.engine_id,
+                           "remote_host": s.addr.ip().to_string(), "remote_port": s.addr.port(),
+                           "tp_size": 1})
+                } else {
+                    Value::Null
+                };
+                let id = request_id(g.kind);
+                let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
+                let body = match g.kind {
+                    Kind::Chat => json!({
+                        "id": id, "object": "chat.completion", "created": now_secs(), "model": g.model,
+                        "choices": [{"index": 0,
+                            "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []},
+                            "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null}],
+                        "usage": usage, "prompt_logprobs": null, "kv_transfer_params": kv,
+                    }),
+                    Kind::Completion => json!({
+                        "id": id, "object": "text_completion", "created": now_secs(), "model": g.model,
+                        "choices": [{"index": 0, "text": text, "logprobs": null,
+                            "finish_reason": reason.as_str(), "stop_reason": null, "prompt_logprobs": null}],
+                        "usage": usage, "kv_transfer_params": kv,
+                    }),
+                };
+                return axum::Json(body).into_response();
+            }
+        }
+    }
+    error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped", None)
+}
+
+/// Writes SSE events the way vLLM does: `data: {json}\n\n`, then `data: [DONE]\n\n`.
+struct Sse {
+    kind: Kind,
+    /// Everything up to and including `"choices":`.
+    head: String,
+}
+
+impl Sse {
+    fn new(kind: Kind, model: &str) -> Sse {
+        let object = match kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        let head = format!(
+            "data: {{\"id\":{},\"object\":\"{object}\",\"created\":{},\"model\":{},\"choices\":",
+            Value::String(request_id(kind)),
+            now_secs(),
+            Value::String(model.to_string())
+        );
+        Sse { kind, head }
+    }
+
+    fn role(&self) -> Bytes {
+        Bytes::from(format!(
+            "{}[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+            self.head
+        ))
+    }
+
+    fn token(&self, text: &str, finish: Option<Finish>) -> Bytes {
+        let text = Value::String(text.to_string());
+        let fin = match finish {
+            Some(f) => format!("\"{}\"", f.as_str()),
+            None => "null".into(),
+        };
+        let mut out = String::with_capacity(self.head.len() + 96);
+        out.push_str(&self.head);
+        match self.kind {
+            Kind::Chat => {
+                let _ = write!(
+                    out,
+                    "[{{\"index\":0,\"delta\":{{\"content\":{text}}},\"logprobs\":null,\"finish_reason\":{fin}}}]}}\n\n"
+                );
+            }
+            Kind::Completion => {
+                let _ = write!(
+                    out,
+                    "[{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":{fin},\"stop_reason\":null}}]}}\n\n"
+                );
+            }
+        }
+        Bytes::from(out)
+    }
+
+    fn usage(&self, u: &Value) -> Bytes {
+        Bytes::from(format!("{}[],\"usage\":{u}}}\n\n", self.head))
+    }
+
+    fn error(&self, message: &str) -> Bytes {
+        let e = json!({"error": {"message": message, "type": "InternalServerError", "param": null, "code": 500}});
+        Bytes::from(format!("data: {e}\n\n"))
+    }
+}
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+type Frame = Result<Bytes, std::io::Error>;
+
+fn stream_response(
+    s: Arc<Shared>,
+    g: Gen,
+    submit: Submit,
+    slow: Duration,
+    die_after: Option<usize>,
+) -> Response {
+    let (tx, mut rx) = mpsc::channel::<Frame>(64);
+    tokio::spawn(produce(s, g, submit, slow, die_after, tx));
+    // An error frame aborts the connection at once, dropping bytes hyper has
+    // buffered but not yet written. Answer `Pending` once before an error so
+    // hyper flushes the tokens already sent (its loop flushes after a
+    // pending body), then hand the error over.
+    let mut deferred: Option<Frame> = None;
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        if let Some(e) = deferred.take() {
+            return std::task::Poll::Ready(Some(e));
+        }
+        match rx.poll_recv(cx) {
+            std::task::Poll::Ready(Some(Err(e))) => {
+                deferred = Some(Err(e));
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+            other => other,
+        }
+    });
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// Feed one streaming response from the engine's events. A send error means
+/// the client went away: returning drops the event receiver, which the engine
+/// sees as an abort.
+async fn produce(
+    s: Arc<Shared>,
+    mut g: Gen,
+    submit: Submit,
+    slow: Duration,
+    die_after: Option<usize>,
+    tx: mpsc::Sender<Frame>,
+) {
+    if !slow.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(slow) => {}
+            _ = tx.closed() => return,
+        }
+    }
+    let sse = Sse::new(g.kind, &g.model);
+    if s.submit.send(submit).await.is_err() {
+        let _ = tx.send(Ok(sse.error("engine is not running"))).await;
+        return;
+    }
+    let v = vocab();
+    let mut sent = 0usize;
+    let die = |tx: mpsc::Sender<Frame>| async move {
+        let _ = tx
+            .send(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "sim fault: die-after",
+            )))
+            .await;
+    };
+    if die_after == Some(0) {
+        return die(tx).await;
+    }
+    while let Some(e) = g.events.recv().await {
+        match e {
+            Event::Token { tok, finish } => {
+                if g.kind == Kind::Chat && sent == 0 && tx.send(Ok(sse.role())).await.is_err() {
+                    return;
+                }
+                let finish = if die_after.is_some() { None } else { finish };
+                if tx
+                    .send(Ok(sse.token(&v.text[tok as usize], finish)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                sent += 1;
+                if die_after.is_some_and(|d| sent >= d) {
+                    return die(tx).await;
+                }
+            }
+            Event::Failed(m) => {
+                let _ = tx.send(Ok(sse.error(&m))).await;
+                return;
+            }
+            Event::Done {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+                ..
+            } => {
+                if die_after.is_some() {
+                    return die(tx).await;
+                }
+                if g.include_usage {
+                    let u = usage(prompt_tokens, completion_tokens, cached_tokens);
+                    if tx.send(Ok(sse.usage(&u))).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = tx.send(Ok(Bytes::from_static(DONE))).await;
+                return;
+            }
+        }
+    }
+    let _ = tx.send(Ok(sse.error("engine stopped"))).await;
+}
+
+// ---------------------------------------------------------------- embeddings
+
+async fn embeddings(
+    State(s): S,
+    Extension(ctl): Extension<ConnCtl>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let fault = match arrive(&s, &headers, &ctl).await {
+        Ok(f) => f,
+        Err(r) => return r.into_response(),
+    };
+    let v = match parse_json(&body) {
+        Ok(v) => v,
+        Err(r) => return r.into_response(),
+    };
+    let model = match check_model(&s, v.get("model").and_then(Value::as_str).map(String::from)) {
+        Ok(m) => m,
+        Err(r) => return r.into_response(),
+    };
+    let inputs: Vec<Vec<u32>> = match v.get("input") {
+        Some(Value::String(t)) => vec![tokenizer::encode(t)],
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) && !a.is_empty() => a
+            .iter()
+            .map(|x| tokenizer::encode(x.as_str().unwrap_or_default()))
+            .collect(),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) && !a.is_empty() => {
+            vec![a.iter().map(|x| x.as_u64().unwrap_or(0) as u32).collect()]
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_array) && !a.is_empty() => a
+            .iter()
+            .map(|x| {
+                x.as_array()
+                    .map(|t| t.iter().map(|n| n.as_u64().unwrap_or(0) as u32).collect())
+                    .unwrap_or_default()
+            })
+            .collect(),
+        _ => {
+            return bad("input: field required (a string, a list of strings or token ids)")
+                .into_response()
+        }
+    };
+    let base64 = match v.get("encoding_format").and_then(Value::as_str) {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return bad(format!("encoding_format: unknown value {other:?}")).into_response()
+        }
+    };
+    let total: usize = inputs.iter().map(Vec::len).sum();
+    if inputs.iter().any(|t| t.len() >= s.cfg.max_model_len) {
+        return bad(format!(
+            "This model's maximum context length is {} tokens.",
+            s.cfg.max_model_len
+        ))
+        .into_response();
+    }
+    // One uncached prefill of all inputs (outside the generation batch).
+    let pr = &s.params;
+    let mut delay = pr.real(pr.step_base_ms + pr.per_prefill_token_ms * total as f64);
+    if let Some(Fault::Slow(ms)) = fault {
+        delay += Duration::from_millis(ms);
+    }
+    tokio::time::sleep(delay).await;
+    let dim = s.cfg.embedding_dim;
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let e = embed(s.cfg.seed, t, dim);
+            let emb = if base64 {
+                let mut b = Vec::with_capacity(dim * 4);
+                for x in &e {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+                Value::String(b64(&b))
+            } else {
+                json!(e)
+            };
+            json!({"index": i, "object": "embedding", "embedding": emb})
+        })
+        .collect();
+    s.stats.prompt_tokens.fetch_add(total as u64, Relaxed);
+    axum::Json(json!({
+        "id": format!("embd-{}", uuid::Uuid::new_v4().simple()), "object": "list",
+        "created": now_secs(), "model": model, "data": data,
+        "usage": {"prompt_tokens": total, "total_tokens": total, "completion_tokens": 0,
+                  "prompt_tokens_details": null}
+    }))
+    .into_response()
+}
+
+/// A deterministic unit vector for a token sequence.
+pub(crate) fn embed(seed: u64, tokens: &[u32], dim: usize) -> Vec<f32> {
+    let mut key = Vec::with_capacity(tokens.len() * 4);
+    for t in tokens {
+        key.extend_from_slice(&t.to_le_bytes());
+    }
+    let mut rng = SmallRng::seed_from_u64(xxh3_64_with_seed(&key, seed));
+    let mut v: Vec<f32> = (0..dim).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+    let norm = v
+        .iter()
+        .map(|x| x * x)
+        .sum::<f32>()
+        .sqrt()
+        .max(f32::MIN_POSITIVE);
+    for x in &mut v {
+        *x /= norm;
+    }
+    v
+}
+
+fn b64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648() {
+        assert_eq!(b64(b""), "");
+        assert_eq!(b64(b"f"), "Zg==");
+        assert_eq!(b64(b"fo"), "Zm8=");
+        assert_eq!(b64(b"foo"), "Zm9v");
+        assert_eq!(b64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn embeddings_are_deterministic_unit_vectors() {
+        let a = embed(1, &[1, 2, 3], 64);
+        assert_eq!(a, embed(1, &[1, 2, 3], 64));
+        assert_ne!(a, embed(2, &[1, 2, 3], 64));
+        let n: f32 = a.iter().map(|x| x * x).sum();
+        assert!((n - 1.0).abs() < 1e-4);
+    }
+}

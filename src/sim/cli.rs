@@ -1,0 +1,195 @@
+//! `switchyard sim`: flags and the entry point that runs N engines.
+
+use std::io::Write as _;
+
+use anyhow::{bail, Context};
+
+use super::{profiles, spawn, EngineKind, Faults, Role, SimConfig};
+
+/// Run simulated vLLM/SGLang engines. Every timing and KV flag overrides the
+/// chosen profile; times are simulated milliseconds (divided by --time-scale).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SimArgs {
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port of a single engine (0 = ephemeral). Ignored when --base-port is set.
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Number of independent engines in this process.
+    #[arg(long, default_value_t = 1)]
+    pub workers: u16,
+    /// Engine i listens on BASE_PORT + i.
+    #[arg(long)]
+    pub base_port: Option<u16>,
+    /// Parameter profile: llama-8b-h100, llama-70b-h100x4, llama-8b-l4, tiny.
+    #[arg(long, default_value = "llama-8b-h100")]
+    pub profile: String,
+    /// Per-worker profiles, comma-separated, cycled over the workers.
+    #[arg(long, value_delimiter = ',')]
+    pub worker_profile: Vec<String>,
+    /// Served model name; repeat for aliases (the first one is the metrics label).
+    #[arg(long)]
+    pub model: Vec<String>,
+    /// Per-worker model names, comma-separated, cycled over the workers.
+    #[arg(long, value_delimiter = ',')]
+    pub worker_model: Vec<String>,
+    /// Metric names and extra endpoints to imitate.
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub engine: EngineKind,
+    /// Role in prefill/decode disaggregation.
+    #[arg(long, value_enum, default_value = "both")]
+    pub role: Role,
+    /// Speed-up factor applied to every simulated duration.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Seed for output text, output lengths and random faults.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Disable the prefix cache.
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Never preempt; reserve KV for each sequence's whole length on admission.
+    #[arg(long)]
+    pub no_preemption: bool,
+    #[arg(long)]
+    pub step_base_ms: Option<f64>,
+    #[arg(long)]
+    pub per_seq_ms: Option<f64>,
+    #[arg(long)]
+    pub per_prefill_token_ms: Option<f64>,
+    #[arg(long)]
+    pub kv_transfer_base_ms: Option<f64>,
+    #[arg(long)]
+    pub kv_transfer_per_token_ms: Option<f64>,
+    #[arg(long)]
+    pub mean_output_tokens: Option<usize>,
+    #[arg(long)]
+    pub embedding_dim: Option<usize>,
+    /// Fraction (0-1) of requests answered with --error-status.
+    #[arg(long, default_value_t = 0.0)]
+    pub error_rate: f64,
+    #[arg(long, default_value_t = 500)]
+    pub error_status: u16,
+    /// /health answers 503.
+    #[arg(long)]
+    pub health_fail: bool,
+    /// Fraction (0-1) of requests delayed by --spike-ms (wall clock).
+    #[arg(long, default_value_t = 0.0)]
+    pub spike_rate: f64,
+    #[arg(long, default_value_t = 0)]
+    pub spike_ms: u64,
+    /// An x-sim-fault value applied to every request (e.g. 503, slow:200).
+    #[arg(long)]
+    pub fault: Option<String>,
+}
+
+impl SimArgs {
+    /// The configuration of worker `i`.
+    pub fn config(&self, i: usize) -> anyhow::Result<SimConfig> {
+        let profile = if self.worker_profile.is_empty() {
+            self.profile.as_str()
+        } else {
+            self.worker_profile[i % self.worker_profile.len()].as_str()
+        };
+        let Some(mut c) = profiles::get(profile) else {
+            bail!(
+                "unknown profile {profile:?} (known: {})",
+                profiles::NAMES.join(", ")
+            );
+        };
+        c.host = self.host.clone();
+        c.port = match self.base_port {
+            Some(b) => b
+                .checked_add(i as u16)
+                .context("--base-port + --workers exceeds 65535")?,
+            None if i == 0 => self.port,
+            None => 0,
+        };
+        if !self.worker_model.is_empty() {
+            c.model = self.worker_model[i % self.worker_model.len()].clone();
+        } else if let Some((first, rest)) = self.model.split_first() {
+            c.model = first.clone();
+            c.aliases = rest.to_vec();
+        }
+        c.engine = self.engine;
+        c.role = self.role;
+        c.time_scale = self.time_scale;
+        c.seed = self.seed.wrapping_add(i as u64);
+        macro_rules! over {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f { c.$f = v; } )* };
+        }
+        over!(
+            max_num_seqs,
+            max_num_batched_tokens,
+            block_size,
+            num_blocks,
+            max_model_len,
+            step_base_ms,
+            per_seq_ms,
+            per_prefill_token_ms,
+            kv_transfer_base_ms,
+            kv_transfer_per_token_ms,
+            mean_output_tokens,
+            embedding_dim
+        );
+        if self.no_prefix_caching {
+            c.enable_prefix_caching = false;
+        }
+        if self.no_preemption {
+            c.preemption = false;
+        }
+        c.faults = Faults {
+            error_rate: self.error_rate,
+            error_status: self.error_status,
+            health_fail: self.health_fail,
+            refuse_connections: false,
+            spike_rate: self.spike_rate,
+            spike_ms: self.spike_ms,
+            always: self.fault.clone(),
+        };
+        c.validate().map_err(anyhow::Error::msg)?;
+        Ok(c)
+    }
+}
+
+/// CLI entry: spawn the engines, print one `switchyard-sim ready ...` line per
+/// engine, then serve until ctrl-c.
+pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+    if args.workers == 0 {
+        bail!("--workers must be at least 1");
+    }
+    let mut handles = Vec::with_capacity(args.workers as usize);
+    for i in 0..args.workers as usize {
+        let cfg = args.config(i)?;
+        let h = spawn(cfg.clone())
+            .await
+            .with_context(|| format!("starting sim worker {i} on {}:{}", cfg.host, cfg.port))?;
+        let mut out = std::io::stdout().lock();
+        writeln!(
+            out,
+            "switchyard-sim ready url={} model={} engine={} role={}",
+            h.url(),
+            cfg.model,
+            cfg.engine.as_str(),
+            cfg.role.as_str()
+        )?;
+        out.flush()?;
+        handles.push(h);
+    }
+    tokio::signal::ctrl_c().await?;
+    for h in handles {
+        h.shutdown().await;
+    }
+    Ok(())
+}
