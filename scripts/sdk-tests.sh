@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run the official OpenAI SDK suites (Python, Node) against a gateway in front of a
+# simulated worker. Expects the debug binary built and the SDKs installed
+# (scripts/test-all.sh does both).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/debug/switchyard}
+tmp=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+# Wait until FILE has a line starting with PREFIX; print that line.
+wait_line() {
+  local file=$1 prefix=$2 pid=$3
+  for _ in $(seq 1 300); do
+    if line=$(grep -m1 "^$prefix" "$file" 2>/dev/null); then echo "$line"; return 0; fi
+    kill -0 "$pid" 2>/dev/null || { echo "process exited early:" >&2; cat "$file" "$file.err" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "timed out waiting for '$prefix'" >&2; return 1
+}
+field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
+
+"$BIN" sim --port 0 --time-scale 20 >"$tmp/sim.out" 2>"$tmp/sim.out.err" &
+pids+=($!)
+sim_line=$(wait_line "$tmp/sim.out" "switchyard-sim ready" $!)
+sim_url=$(field "$sim_line" url)
+export MODEL=$(field "$sim_line" model)
+
+RUST_LOG=warn "$BIN" serve --listen 127.0.0.1:0 --worker "$sim_url" >"$tmp/gw.out" 2>"$tmp/gw.out.err" &
+gw_pid=$!
+pids+=($gw_pid)
+export GATEWAY_URL=$(field "$(wait_line "$tmp/gw.out" "switchyard ready" $gw_pid)" url)
+# Ready once the worker's models are discovered.
+for _ in $(seq 1 100); do curl -fs "$GATEWAY_URL/ready" >/dev/null && break; sleep 0.1; done
+curl -fs "$GATEWAY_URL/ready" >/dev/null
+
+echo "== OpenAI Python SDK ($(.venv/bin/python -c 'import openai; print(openai.__version__)'))"
+.venv/bin/python -m pytest -q tests/sdk/python
+echo "== OpenAI Node SDK ($(node -p 'require("./tests/sdk/node/node_modules/openai/package.json").version'))"
+(cd tests/sdk/node && node --test)

@@ -1,0 +1,91 @@
+//! Shared helpers for integration tests: start gateways and simulated workers on
+//! ephemeral loopback ports, and a scriptable upstream for header/streaming checks.
+#![allow(dead_code)]
+
+pub mod scripted;
+
+use std::time::Duration;
+use switchyard::config;
+use switchyard::server::{self, ServerHandle};
+
+/// Start a gateway from TOML text; `{listen}` is filled with an ephemeral address.
+pub async fn gateway(toml: &str) -> ServerHandle {
+    let text = if toml.contains("[server]") {
+        toml.replacen("[server]", "[server]\nlisten = \"127.0.0.1:0\"", 1)
+    } else {
+        format!("[server]\nlisten = \"127.0.0.1:0\"\n{toml}")
+    };
+    let cfg = config::parse(&text)
+        .and_then(|r| r.validate())
+        .unwrap_or_else(|e| panic!("test config invalid: {e}\n{text}"));
+    server::spawn(cfg).await.expect("gateway starts")
+}
+
+/// A one-pool config over `urls` serving `model`.
+pub fn pool_toml(model: &str, urls: &[&str], extra_pool_lines: &str) -> String {
+    let workers: Vec<String> = urls
+        .iter()
+        .map(|u| format!("{{ url = \"{u}\" }}"))
+        .collect();
+    format!(
+        "[[pools]]\nname = \"p\"\nmodels = [\"{model}\"]\n{extra_pool_lines}\nworkers = [{}]\n",
+        workers.join(", ")
+    )
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Poll `f` until it returns `Some`, or panic after `within`.
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Sum of a Prometheus sample family whose labels include every `(k, v)` in `want`.
+pub fn metric_sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid exposition text");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| want.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Histogram(ref h) => {
+                h.iter().map(|b| b.count).fold(0.0, f64::max)
+            }
+            prometheus_parse::Value::Summary(_) => 0.0,
+        })
+        .sum()
+}
+
+pub async fn scrape(url: &str) -> String {
+    client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
