@@ -30,7 +30,7 @@ enum Command {
     /// Validate a configuration file without starting.
     CheckConfig { file: PathBuf },
     /// Run simulated vLLM/SGLang engines.
-    Sim(switchyard::sim::SimArgs),
+    Sim(Box<switchyard::sim::SimArgs>),
 }
 
 fn init_logging(format: &str) {
@@ -88,7 +88,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         match cli.cmd {
             Command::Serve(a) => run_serve(a).await,
-            Command::Sim(a) => switchyard::sim::run(a).await,
+            Command::Sim(a) => switchyard::sim::run(*a).await,
             Command::CheckConfig { file } => {
                 println!("{}", cli::check_config(&file)?);
                 Ok(())

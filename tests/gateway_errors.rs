@@ -145,7 +145,12 @@ async fn refused_upstream_is_502_and_no_healthy_worker_is_503() {
 async fn a_refused_worker_fails_over_to_a_live_one() {
     let dead = dead_url().await;
     let (up, _tx) = Scripted::start().await;
-    let gw = gateway(&pool_toml("scripted", &[dead.as_str(), up.url.as_str()], "")).await;
+    let gw = gateway(&pool_toml(
+        "scripted",
+        &[dead.as_str(), up.url.as_str()],
+        "",
+    ))
+    .await;
     for _ in 0..6 {
         let (s, _) = post(&gw.url(), r#"{"model":"scripted","messages":[]}"#).await;
         assert_eq!(s, 200);

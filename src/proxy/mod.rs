@@ -10,4 +10,4 @@ pub mod observe;
 
 pub use client::{UpstreamBody, UpstreamClient};
 pub use error::GatewayError;
-pub use forward::{forward, ForwardContext};
+pub use forward::{forward, ForwardContext, POLICY_HEADER, ROUTE_HEADER, SESSION_HEADER};
