@@ -392,6 +392,26 @@ mod tests {
         ix.check().unwrap();
     }
 
+    #[test]
+    fn at_most_100_bytes_per_tracked_block() {
+        let ix = PrefixIndex::new(1 << 20);
+        let slots = ix.set_workers(&ids(8));
+        // 8 workers × 30k blocks: each worker's ring wraps (cap 20k), so the
+        // index is full and in steady state.
+        let mut h = 0u64;
+        for round in 0..30_000u64 {
+            for &s in &slots {
+                h = h.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                ix.insert(s, &[h ^ round], 20_000);
+            }
+        }
+        let m = ix.memory();
+        assert_eq!(m.pairs, 8 * 20_000);
+        let per = m.bytes as f64 / m.entries as f64;
+        eprintln!("prefix index: {per:.1} bytes per tracked block ({m:?})");
+        assert!(per <= 100.0, "{per:.1} bytes per block ({m:?})");
+    }
+
     proptest! {
         /// Whatever is inserted, pairs never exceed the hard cap (at least one
         /// block per worker), entries never exceed pairs, and the counters agree
