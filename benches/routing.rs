@@ -26,7 +26,7 @@ fn pool(policy: &str, n: usize) -> PoolConfig {
 /// An 8k-character chat body's `messages` text; `k` varies the system prompt.
 fn prompt(k: usize) -> Bytes {
     let system = format!("You are assistant number {k}. ")
-        + &"Answer carefully, cite sources, keep it short. ".repeat(140);
+        + &"Answer carefully, cite sources, keep it short. ".repeat(200);
     let text = format!(
         r#"[{{"role":"system","content":"{}"}},{{"role":"user","content":"What is the capital of country {k}?"}}]"#,
         &system[..7_900]
@@ -109,7 +109,10 @@ fn index(c: &mut Criterion) {
         b.iter(|| {
             k += 1;
             // A new conversation each time: new blocks, evictions once full.
-            let fresh: Vec<u64> = blocks.iter().map(|h| h ^ k).collect();
+            let fresh: Vec<u64> = blocks
+                .iter()
+                .map(|h| xxhash_rust::xxh3::xxh3_64_with_seed(&h.to_le_bytes(), k))
+                .collect();
             ix.insert(slots[(k % 64) as usize], &fresh, 16_384);
         })
     });

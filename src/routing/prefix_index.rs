@@ -2,7 +2,7 @@
 //!
 //! * `map`: block hash → up to [`REPLICAS`] packed `(worker slot, ring sequence)`
 //!   pairs, in a sharded `DashMap` (no global lock; the key is already a hash, so
-//!   the map hashes it with an identity hasher).
+//!   the map only mixes it with one multiply).
 //! * one ring per worker: the (block, sequence) pairs in insertion order, bounded
 //!   by the worker's capacity; popping the front evicts the pair unless it was
 //!   refreshed since (then the front item is a stale duplicate and is dropped).
@@ -46,11 +46,12 @@ fn age(now_seq: u64, p: u32) -> u32 {
     (now_seq as u32).wrapping_sub(p) & SEQ_MASK
 }
 
-/// Keys are xxh3 outputs already: use them as their own hash.
+/// Keys are xxh3 outputs already; one folded 128-bit multiply (as in wyhash)
+/// still mixes them, so structured keys cannot cluster the table.
 #[derive(Default)]
-pub struct IdentityHasher(u64);
+pub struct MixHasher(u64);
 
-impl Hasher for IdentityHasher {
+impl Hasher for MixHasher {
     fn finish(&self) -> u64 {
         self.0
     }
@@ -60,7 +61,8 @@ impl Hasher for IdentityHasher {
         }
     }
     fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+        let m = (n as u128).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = (m as u64) ^ ((m >> 64) as u64);
     }
 }
 
@@ -85,7 +87,7 @@ pub struct IndexMemory {
 /// One pool's prefix index; lives in the registry, outside snapshots, so it
 /// survives rebuilds.
 pub struct PrefixIndex {
-    map: DashMap<u64, Pairs, BuildHasherDefault<IdentityHasher>>,
+    map: DashMap<u64, Pairs, BuildHasherDefault<MixHasher>>,
     /// Ring of slot `s` at position `s - 1`.
     rings: ArcSwap<Vec<Arc<Ring>>>,
     slots: Mutex<HashMap<Arc<str>, u16>>,
@@ -231,18 +233,15 @@ impl PrefixIndex {
     }
 
     fn remove_pair(&self, h: u64, pair: u32) {
-        let mut empty = false;
-        if let Some(mut e) = self.map.get_mut(&h) {
-            if let Some(p) = e.iter_mut().find(|p| **p == pair) {
+        // One map access: clear the pair, and drop the entry if it is now empty.
+        self.map.remove_if_mut(&h, |_, pairs| {
+            if let Some(p) = pairs.iter_mut().find(|p| **p == pair) {
                 *p = 0;
                 self.pairs.fetch_sub(1, Ordering::Relaxed);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
             }
-            empty = e.iter().all(|p| *p == 0);
-        }
-        if empty {
-            self.map.remove_if(&h, |_, v| v.iter().all(|p| *p == 0));
-        }
+            pairs.iter().all(|p| *p == 0)
+        });
     }
 
     fn clear_slot(&self, slot: u16) {
