@@ -74,6 +74,14 @@ impl ServeArgs {
     }
 }
 
+impl ServeArgs {
+    /// A reloader that re-reads the file and re-applies these flags.
+    pub fn reloader(&self) -> crate::server::Reloader {
+        let args = self.clone();
+        Box::new(move || args.resolve())
+    }
+}
+
 /// `switchyard check-config FILE`: validate and summarise.
 pub fn check_config(path: &std::path::Path) -> Result<String, config::ConfigError> {
     let c = config::load(path)?;

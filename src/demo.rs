@@ -23,7 +23,10 @@ pub struct DemoArgs {
 }
 
 /// Start everything, print how to use it, and run until Ctrl-C.
-pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    args: DemoArgs,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let mut sims = Vec::new();
     for i in 0..args.workers.max(1) {
         let cfg = SimConfig {
@@ -43,7 +46,7 @@ pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>
                 .iter()
                 .map(|s| RawWorker {
                     url: s.url(),
-                    labels: Default::default(),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()
@@ -53,12 +56,16 @@ pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>
             debug_headers: Some(true),
             ..Default::default()
         },
+        ..Default::default()
     };
     let config = raw.validate()?;
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
     let gw = server::Gateway::start(config).await;
-    println!("Switchyard demo: {} simulated workers serving `{model}`", sims.len());
+    println!(
+        "Switchyard demo: {} simulated workers serving `{model}`",
+        sims.len()
+    );
     for s in &sims {
         println!("  worker {}", s.url());
     }
@@ -68,7 +75,8 @@ pub async fn run(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>
         "  curl -N http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n"
     );
     println!("Press Ctrl-C to stop.");
-    server::serve(listener, gw, shutdown, server::DEFAULT_DRAIN_DEADLINE).await?;
+    let drain = gw.registry.config().server.drain_timeout;
+    server::serve(listener, gw, shutdown, drain).await?;
     for s in sims {
         s.shutdown().await;
     }

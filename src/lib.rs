@@ -8,6 +8,8 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod demo;
+pub mod disagg;
 pub mod pool;
 pub mod proxy;
 pub mod routing;

@@ -31,6 +31,8 @@ enum Command {
     CheckConfig { file: PathBuf },
     /// Run simulated vLLM/SGLang engines.
     Sim(Box<switchyard::sim::SimArgs>),
+    /// Simulated workers and a gateway in one process, ready to try.
+    Demo(switchyard::demo::DemoArgs),
 }
 
 fn init_logging(format: &str) {
@@ -66,15 +68,15 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
     let gw = server::Gateway::start(config).await;
+    gw.set_reloader(args.reloader());
+    server::spawn_reload_triggers(gw.clone(), args.config.clone());
+    if let Some(admin) = server::admin::spawn(gw.clone()).await? {
+        println!("switchyard admin url=http://{admin}");
+    }
     tracing::info!(%addr, "switchyard listening");
     println!("switchyard ready url=http://{addr}");
-    server::serve(
-        listener,
-        gw,
-        shutdown_signal(),
-        server::DEFAULT_DRAIN_DEADLINE,
-    )
-    .await?;
+    let drain = gw.registry.config().server.drain_timeout;
+    server::serve(listener, gw, shutdown_signal(), drain).await?;
     Ok(())
 }
 
@@ -89,6 +91,7 @@ fn main() -> ExitCode {
         match cli.cmd {
             Command::Serve(a) => run_serve(a).await,
             Command::Sim(a) => switchyard::sim::run(*a).await,
+            Command::Demo(a) => switchyard::demo::run(a, shutdown_signal()).await,
             Command::CheckConfig { file } => {
                 println!("{}", cli::check_config(&file)?);
                 Ok(())

@@ -123,3 +123,28 @@ async fn sse_events_are_not_buffered() {
     assert!(seen.ends_with("data: [DONE]\n\n"), "{seen}");
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn responses_and_unknown_v1_paths_go_to_the_model_pool() {
+    let (up, _tx) = Scripted::start().await;
+    let gw = gateway(&pool_toml("scripted", &[up.url.as_str()], "")).await;
+    for path in ["/v1/responses", "/v1/custom/thing"] {
+        let r = client()
+            .post(format!("{}{path}", gw.url()))
+            .body(r#"{"model":"scripted","input":"hi"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    // Without a model there is nowhere to send it.
+    let r = client()
+        .post(format!("{}/v1/custom/thing", gw.url()))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(up.recorded.lock().unwrap().headers.len(), 2);
+    gw.shutdown().await;
+}

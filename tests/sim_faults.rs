@@ -46,6 +46,7 @@ async fn status_faults_answer_with_openai_errors_and_count_arrivals() {
     assert_eq!(r.status(), 400);
     let m = metrics(&cl, &h.url()).await;
     assert_eq!(metric(&m, "sim_requests_received_total", ""), Some(4.0));
+    assert_eq!(h.requests_received(), 4);
     assert_eq!(
         metric(&m, "vllm:request_success_total", "length"),
         Some(0.0)

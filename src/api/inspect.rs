@@ -29,6 +29,11 @@ impl Endpoint {
         }
     }
 
+    /// Position in `telemetry::ENDPOINTS`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn from_path(path: &str) -> Endpoint {
         match path {
             "/v1/chat/completions" => Endpoint::ChatCompletions,

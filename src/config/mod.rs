@@ -4,7 +4,10 @@
 
 mod raw;
 
-pub use raw::{RawConfig, RawPool, RawRouting, RawScorer, RawServer, RawTimeouts, RawWorker};
+pub use raw::{
+    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawPool, RawRouting, RawScorer, RawServer,
+    RawTimeouts, RawWorker,
+};
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -29,6 +32,36 @@ pub const DEFAULT_TOTAL_TIMEOUT_MS: u64 = 600_000;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// Default interval between re-reads of each worker's `/v1/models` for discovered pools (ms).
 pub const DEFAULT_MODEL_DISCOVERY_MS: u64 = 5_000;
+/// Default cap on open client connections.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default time a client has to send its request headers (ms).
+pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default time in-flight requests get to finish after SIGTERM (ms).
+pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
+/// Health-check defaults.
+pub const DEFAULT_HEALTH_INTERVAL_MS: u64 = 2_000;
+pub const DEFAULT_HEALTH_TIMEOUT_MS: u64 = 1_000;
+pub const DEFAULT_HEALTH_PATH: &str = "/health";
+pub const DEFAULT_UNHEALTHY_THRESHOLD: u32 = 2;
+pub const DEFAULT_HEALTHY_THRESHOLD: u32 = 1;
+pub const DEFAULT_EJECT_AFTER_FAILURES: u32 = 3;
+pub const DEFAULT_BASE_EJECTION_MS: u64 = 1_000;
+pub const DEFAULT_MAX_EJECTION_MS: u64 = 60_000;
+pub const DEFAULT_MAX_EJECTED_PERCENT: u8 = 50;
+pub const DEFAULT_OVERLOAD_COOLDOWN_MS: u64 = 1_000;
+/// Retry-budget defaults: retries ≤ 20 % of recent requests + a reserve of 10.
+pub const DEFAULT_RETRY_BUDGET_RATIO: f64 = 0.2;
+pub const DEFAULT_RETRY_BUDGET_MIN: u32 = 10;
+pub const DEFAULT_RETRY_BACKOFF_MS: u64 = 2;
+/// Queue defaults (used when `max_concurrency_per_worker` is set).
+pub const DEFAULT_QUEUE_SIZE: usize = 1_024;
+pub const DEFAULT_QUEUE_TIMEOUT_MS: u64 = 10_000;
+/// Disaggregation defaults.
+pub const DEFAULT_MIN_UNCACHED_TOKENS: u64 = 512;
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+pub const DEFAULT_MAX_PREFILL_RESPONSE_BYTES: usize = 1024 * 1024;
+/// Default DNS re-resolution interval (ms).
+pub const DEFAULT_DNS_INTERVAL_MS: u64 = 5_000;
 
 /// Default size of a prefix-index block, in approximate tokens.
 pub const DEFAULT_BLOCK_TOKENS: u32 = 64;
@@ -322,6 +355,58 @@ impl fmt::Display for PolicyKind {
 pub struct Config {
     pub server: ServerConfig,
     pub pools: Vec<PoolConfig>,
+    pub health: HealthConfig,
+    pub admin: Option<AdminConfig>,
+}
+
+/// Health checking and ejection (see `pool/health.rs`).
+#[derive(Clone, Debug)]
+pub struct HealthConfig {
+    /// `None`: no active probes (passive ejection still applies).
+    pub interval: Option<Duration>,
+    pub timeout: Duration,
+    pub path: String,
+    pub unhealthy_threshold: u32,
+    pub healthy_threshold: u32,
+    pub eject_after_failures: u32,
+    pub base_ejection: Duration,
+    pub max_ejection: Duration,
+    pub max_ejected_fraction: f64,
+    pub overload_cooldown: Duration,
+}
+
+/// The authenticated admin listener.
+#[derive(Clone, Debug)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token: String,
+}
+
+/// How a disaggregated pool hands a request from prefill to decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DisaggMode {
+    /// vLLM NIXL connector: prefill first (`max_tokens: 1`), then decode with the
+    /// returned `kv_transfer_params`.
+    Vllm,
+    /// SGLang: both at once with `bootstrap_host/port/room`.
+    Sglang,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DisaggConfig {
+    pub mode: DisaggMode,
+    pub min_uncached_tokens: u64,
+    pub bootstrap_port: u16,
+    pub max_prefill_response_bytes: usize,
+}
+
+/// Workers discovered by resolving a DNS name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsConfig {
+    pub name: String,
+    pub port: u16,
+    pub interval: Duration,
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug)]
@@ -333,6 +418,11 @@ pub struct ServerConfig {
     pub debug_headers: bool,
     /// Interval between `/v1/models` reads for pools whose models are discovered.
     pub model_discovery_interval: Duration,
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub drain_timeout: Duration,
+    pub unready_grace: Duration,
+    pub watch_config: bool,
 }
 
 /// Upstream timeouts.
@@ -360,6 +450,15 @@ pub struct PoolConfig {
     pub workers: Vec<WorkerConfig>,
     /// Policy and stats settings (`[pools.routing]`).
     pub routing: RoutingConfig,
+    pub retry_budget_ratio: f64,
+    pub retry_budget_min: u32,
+    pub retry_backoff: Duration,
+    /// 0 = unlimited.
+    pub max_concurrency_per_worker: u64,
+    pub queue_size: usize,
+    pub queue_timeout: Duration,
+    pub dns: Option<DnsConfig>,
+    pub disaggregation: Option<DisaggConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -449,30 +548,57 @@ impl RawConfig {
             problems.push("server.max_body_bytes: must be greater than 0".into());
         }
         let t = s.timeouts;
-        let mut ms = |key: &str, v: Option<u64>, default: u64| {
-            let v = v.unwrap_or(default);
-            if v == 0 {
-                problems.push(format!("server.timeouts.{key}: must be greater than 0"));
-            }
-            Duration::from_millis(v.max(1))
-        };
+        let p = &mut problems;
         let timeouts = Timeouts {
-            connect: ms("connect_ms", t.connect_ms, DEFAULT_CONNECT_TIMEOUT_MS),
+            connect: ms(
+                p,
+                "server.timeouts.connect_ms",
+                t.connect_ms,
+                DEFAULT_CONNECT_TIMEOUT_MS,
+            ),
             first_byte: ms(
-                "first_byte_ms",
+                p,
+                "server.timeouts.first_byte_ms",
                 t.first_byte_ms,
                 DEFAULT_FIRST_BYTE_TIMEOUT_MS,
             ),
-            idle: ms("idle_ms", t.idle_ms, DEFAULT_IDLE_TIMEOUT_MS),
-            total: ms("total_ms", t.total_ms, DEFAULT_TOTAL_TIMEOUT_MS),
+            idle: ms(
+                p,
+                "server.timeouts.idle_ms",
+                t.idle_ms,
+                DEFAULT_IDLE_TIMEOUT_MS,
+            ),
+            total: ms(
+                p,
+                "server.timeouts.total_ms",
+                t.total_ms,
+                DEFAULT_TOTAL_TIMEOUT_MS,
+            ),
         };
-        let discovery = ms(
-            "model_discovery_ms",
+        let model_discovery_interval = ms(
+            p,
+            "server.model_discovery_ms",
             s.model_discovery_ms,
             DEFAULT_MODEL_DISCOVERY_MS,
         );
-        // `ms` borrows `problems`; the borrow ends here.
-        let model_discovery_interval = discovery;
+        let header_read_timeout = ms(
+            p,
+            "server.header_read_timeout_ms",
+            s.header_read_timeout_ms,
+            DEFAULT_HEADER_READ_TIMEOUT_MS,
+        );
+        let drain_timeout = ms(
+            p,
+            "server.drain_timeout_ms",
+            s.drain_timeout_ms,
+            DEFAULT_DRAIN_TIMEOUT_MS,
+        );
+        let max_connections = s.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        if max_connections == 0 {
+            p.push("server.max_connections: must be greater than 0".into());
+        }
+        let health = validate_health(self.health, p);
+        let admin = validate_admin(self.admin, p);
 
         let mut pools = Vec::new();
         let mut pool_names = HashSet::new();
@@ -553,9 +679,59 @@ impl RawConfig {
                     Err(e) => problems.push(format!("{key}.workers[{j}].url: {e}")),
                 }
             }
-            if workers.is_empty() {
-                problems.push(format!("{key}.workers: a pool needs at least one worker"));
+            let dns = p.dns.map(|d| {
+                if d.name.is_empty() {
+                    problems.push(format!("{key}.dns.name: must not be empty"));
+                }
+                if d.port == 0 {
+                    problems.push(format!("{key}.dns.port: must be greater than 0"));
+                }
+                DnsConfig {
+                    name: d.name,
+                    port: d.port,
+                    interval: ms(
+                        &mut problems,
+                        &format!("{key}.dns.interval_ms"),
+                        d.interval_ms,
+                        DEFAULT_DNS_INTERVAL_MS,
+                    ),
+                    labels: d.labels,
+                }
+            });
+            if workers.is_empty() && dns.is_none() {
+                problems.push(format!(
+                    "{key}.workers: a pool needs at least one worker (or a dns section)"
+                ));
             }
+            let disaggregation = p.disaggregation.map(|d| DisaggConfig {
+                mode: match d.mode.as_str() {
+                    "vllm" => DisaggMode::Vllm,
+                    "sglang" => DisaggMode::Sglang,
+                    other => {
+                        problems.push(format!(
+                            "{key}.disaggregation.mode: unknown mode `{other}` (expected vllm or sglang)"
+                        ));
+                        DisaggMode::Vllm
+                    }
+                },
+                min_uncached_tokens: d.min_uncached_tokens.unwrap_or(DEFAULT_MIN_UNCACHED_TOKENS),
+                bootstrap_port: d.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT),
+                max_prefill_response_bytes: d
+                    .max_prefill_response_bytes
+                    .unwrap_or(DEFAULT_MAX_PREFILL_RESPONSE_BYTES),
+            });
+            let retry_budget_ratio = p.retry_budget_ratio.unwrap_or(DEFAULT_RETRY_BUDGET_RATIO);
+            if !(0.0..=1.0).contains(&retry_budget_ratio) {
+                problems.push(format!(
+                    "{key}.retry_budget_ratio: must be between 0.0 and 1.0, got {retry_budget_ratio}"
+                ));
+            }
+            let queue_timeout = ms(
+                &mut problems,
+                &format!("{key}.queue_timeout_ms"),
+                p.queue_timeout_ms,
+                DEFAULT_QUEUE_TIMEOUT_MS,
+            );
             pools.push(PoolConfig {
                 name,
                 models: p.models,
@@ -566,6 +742,16 @@ impl RawConfig {
                 upstream_api_key,
                 workers,
                 routing,
+                retry_budget_ratio,
+                retry_budget_min: p.retry_budget_min.unwrap_or(DEFAULT_RETRY_BUDGET_MIN),
+                retry_backoff: Duration::from_millis(
+                    p.retry_backoff_ms.unwrap_or(DEFAULT_RETRY_BACKOFF_MS),
+                ),
+                max_concurrency_per_worker: p.max_concurrency_per_worker.unwrap_or(0),
+                queue_size: p.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
+                queue_timeout,
+                dns,
+                disaggregation,
             });
         }
         if pools.is_empty() {
@@ -581,9 +767,129 @@ impl RawConfig {
                 timeouts,
                 debug_headers: s.debug_headers.unwrap_or(false),
                 model_discovery_interval,
+                max_connections,
+                header_read_timeout,
+                drain_timeout,
+                unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
+                watch_config: s.watch_config.unwrap_or(false),
             },
             pools,
+            health,
+            admin,
         })
+    }
+}
+
+/// A positive millisecond duration, or a problem naming `key`.
+fn ms(problems: &mut Vec<String>, key: &str, v: Option<u64>, default: u64) -> Duration {
+    let v = v.unwrap_or(default);
+    if v == 0 {
+        problems.push(format!("{key}: must be greater than 0"));
+    }
+    Duration::from_millis(v.max(1))
+}
+
+fn validate_health(h: RawHealth, p: &mut Vec<String>) -> HealthConfig {
+    let interval = match h.interval_ms.unwrap_or(DEFAULT_HEALTH_INTERVAL_MS) {
+        0 => None,
+        v => Some(Duration::from_millis(v)),
+    };
+    let at_least_one = |p: &mut Vec<String>, key: &str, v: Option<u32>, d: u32| {
+        let v = v.unwrap_or(d);
+        if v == 0 {
+            p.push(format!("{key}: must be at least 1"));
+        }
+        v.max(1)
+    };
+    let percent = h.max_ejected_percent.unwrap_or(DEFAULT_MAX_EJECTED_PERCENT);
+    if percent > 100 {
+        p.push(format!(
+            "health.max_ejected_percent: must be 0–100, got {percent}"
+        ));
+    }
+    let path = h.path.unwrap_or_else(|| DEFAULT_HEALTH_PATH.into());
+    if !path.starts_with('/') {
+        p.push(format!("health.path: must start with `/`, got `{path}`"));
+    }
+    HealthConfig {
+        interval,
+        timeout: ms(
+            p,
+            "health.timeout_ms",
+            h.timeout_ms,
+            DEFAULT_HEALTH_TIMEOUT_MS,
+        ),
+        path,
+        unhealthy_threshold: at_least_one(
+            p,
+            "health.unhealthy_threshold",
+            h.unhealthy_threshold,
+            DEFAULT_UNHEALTHY_THRESHOLD,
+        ),
+        healthy_threshold: at_least_one(
+            p,
+            "health.healthy_threshold",
+            h.healthy_threshold,
+            DEFAULT_HEALTHY_THRESHOLD,
+        ),
+        eject_after_failures: at_least_one(
+            p,
+            "health.eject_after_failures",
+            h.eject_after_failures,
+            DEFAULT_EJECT_AFTER_FAILURES,
+        ),
+        base_ejection: ms(
+            p,
+            "health.base_ejection_ms",
+            h.base_ejection_ms,
+            DEFAULT_BASE_EJECTION_MS,
+        ),
+        max_ejection: ms(
+            p,
+            "health.max_ejection_ms",
+            h.max_ejection_ms,
+            DEFAULT_MAX_EJECTION_MS,
+        ),
+        max_ejected_fraction: f64::from(percent.min(100)) / 100.0,
+        overload_cooldown: ms(
+            p,
+            "health.overload_cooldown_ms",
+            h.overload_cooldown_ms,
+            DEFAULT_OVERLOAD_COOLDOWN_MS,
+        ),
+    }
+}
+
+fn validate_admin(a: RawAdmin, p: &mut Vec<String>) -> Option<AdminConfig> {
+    let listen = a.listen?;
+    let addr = match listen.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(e) => {
+            p.push(format!("admin.listen: {e}"));
+            return None;
+        }
+    };
+    let Some(var) = a.token_env else {
+        p.push("admin.token_env: required when admin.listen is set (the admin API is always authenticated)".into());
+        return None;
+    };
+    match std::env::var(&var) {
+        Ok(t) if t.len() >= 16 => Some(AdminConfig {
+            listen: addr,
+            token: t,
+        }),
+        Ok(_) => {
+            p.push(format!(
+                "admin.token_env: the token in `{var}` must be at least 16 characters"
+            ));
+            None
+        }
+        Err(_) => {
+            p.push(format!(
+                "admin.token_env: environment variable `{var}` is not set"
+            ));
+            None
+        }
     }
 }
 

@@ -11,6 +11,43 @@ pub struct RawConfig {
     pub server: RawServer,
     #[serde(default)]
     pub pools: Vec<RawPool>,
+    #[serde(default)]
+    pub health: RawHealth,
+    #[serde(default)]
+    pub admin: RawAdmin,
+}
+
+/// Active health checks and passive ejection, for every pool.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    /// Probe each worker's health path this often (ms, jittered ±10 %). 0 disables probes.
+    pub interval_ms: Option<u64>,
+    pub timeout_ms: Option<u64>,
+    pub path: Option<String>,
+    /// Consecutive failed probes before a worker is ejected.
+    pub unhealthy_threshold: Option<u32>,
+    /// Consecutive successful probes before an ejected worker is re-admitted.
+    pub healthy_threshold: Option<u32>,
+    /// Consecutive failed requests (connect errors, resets, timeouts, 5xx) before ejection.
+    pub eject_after_failures: Option<u32>,
+    /// First ejection lasts this long (ms); each further one doubles it.
+    pub base_ejection_ms: Option<u64>,
+    pub max_ejection_ms: Option<u64>,
+    /// Never eject more than this share of a pool at once (0–100).
+    pub max_ejected_percent: Option<u8>,
+    /// A worker answering 429 gets no new requests for this long (ms).
+    pub overload_cooldown_ms: Option<u64>,
+}
+
+/// The admin API listener.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// `host:port`; the admin API is off when unset.
+    pub listen: Option<String>,
+    /// Environment variable holding the bearer token (required when `listen` is set).
+    pub token_env: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -26,6 +63,17 @@ pub struct RawServer {
     pub debug_headers: Option<bool>,
     /// How often discovered pools re-read `/v1/models` (ms).
     pub model_discovery_ms: Option<u64>,
+    /// Most client connections open at once.
+    pub max_connections: Option<usize>,
+    /// Time a client has to send its request headers (ms); slowloris guard.
+    pub header_read_timeout_ms: Option<u64>,
+    /// How long in-flight requests may finish after SIGTERM (ms).
+    pub drain_timeout_ms: Option<u64>,
+    /// After SIGTERM, keep serving with `/ready` false this long before the
+    /// listener closes, so load balancers stop sending first (ms).
+    pub unready_grace_ms: Option<u64>,
+    /// Reload the config file when it changes on disk.
+    pub watch_config: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -52,6 +100,22 @@ pub struct RawPool {
     pub upstream_api_key_env: Option<String>,
     #[serde(default)]
     pub workers: Vec<RawWorker>,
+    /// Retries allowed as a share of recent requests (0.0–1.0).
+    pub retry_budget_ratio: Option<f64>,
+    /// Retries always allowed on top of the ratio (a reserve for low traffic).
+    pub retry_budget_min: Option<u32>,
+    /// Base of the jittered backoff before a retry (ms).
+    pub retry_backoff_ms: Option<u64>,
+    /// Requests in flight per worker before new ones queue (0 = unlimited).
+    pub max_concurrency_per_worker: Option<u64>,
+    /// Requests that may wait for a free worker; beyond it, 429.
+    pub queue_size: Option<usize>,
+    /// Longest wait in the queue (ms); then 429.
+    pub queue_timeout_ms: Option<u64>,
+    /// Workers from DNS: every address of `name` becomes `http://ADDR:port`.
+    pub dns: Option<RawDns>,
+    /// Prefill/decode disaggregation (workers labelled `role = prefill|decode|both`).
+    pub disaggregation: Option<RawDisagg>,
     /// `[pools.routing]`: settings of the routing policy and the stats poller.
     #[serde(default)]
     pub routing: RawRouting,
@@ -84,6 +148,30 @@ pub struct RawRouting {
 pub struct RawScorer {
     pub name: String,
     pub weight: f64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDisagg {
+    /// `vllm` (sequential, NIXL `kv_transfer_params`) or `sglang` (concurrent, bootstrap).
+    pub mode: String,
+    /// Below this many uncached prompt tokens the decode worker does everything.
+    pub min_uncached_tokens: Option<u64>,
+    /// SGLang bootstrap port of prefill workers without a `bootstrap_port` label.
+    pub bootstrap_port: Option<u16>,
+    /// Largest prefill answer read (bytes).
+    pub max_prefill_response_bytes: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDns {
+    pub name: String,
+    pub port: u16,
+    /// Re-resolve this often (ms).
+    pub interval_ms: Option<u64>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

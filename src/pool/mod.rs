@@ -2,12 +2,17 @@
 //! counters. Requests read an immutable [`Snapshot`] through `ArcSwap`; background
 //! tasks (model discovery, later stats and health) build and swap a new one.
 
+pub mod admission;
 mod discovery;
+mod dns;
+pub mod health;
 mod registry;
 pub mod stats;
 mod worker;
 
 pub use discovery::spawn_model_discovery;
+pub use dns::spawn_dns_discovery;
+pub use health::spawn_health_checks;
 pub use registry::{ModelRoute, PoolRuntime, Registry, Snapshot};
 pub use stats::spawn_stats_poller;
-pub use worker::{InFlightGuard, Worker, WorkerState};
+pub use worker::{InFlightGuard, Role, Worker, WorkerState};

@@ -2,12 +2,16 @@
 //! Built from config plus discovered models whenever either changes, then swapped
 //! atomically; requests in flight keep the snapshot they started with.
 
+use super::admission::AdmissionQueue;
 use super::worker::{Worker, WorkerState};
-use crate::config::{Config, PolicyKind, PoolConfig};
+use crate::config::{Config, PolicyKind, PoolConfig, WorkerConfig};
+use crate::proxy::retry_budget::RetryBudget;
 use crate::routing::{self, Policy, PrefixIndex};
+use crate::telemetry::PairMetrics;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;
+use metrics::SharedString;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -21,6 +25,9 @@ pub struct PoolRuntime {
     /// The pool's prefix index (kept by the registry across rebuilds), when its
     /// policy or an allowed override uses one.
     pub prefix_index: Option<Arc<PrefixIndex>>,
+    pub retry_budget: Arc<RetryBudget>,
+    /// Present when the pool limits concurrency per worker.
+    pub queue: Option<Arc<AdmissionQueue>>,
 }
 
 /// Where requests for one model name go.
@@ -34,6 +41,8 @@ pub struct ModelRoute {
     pub overrides: Vec<Box<dyn Policy>>,
     /// The pool's workers that serve this model.
     pub workers: Vec<Arc<Worker>>,
+    /// Metric handles per worker, aligned with `workers`.
+    pub metrics: Vec<Arc<PairMetrics>>,
 }
 
 impl ModelRoute {
@@ -97,6 +106,13 @@ pub struct Registry {
     states: DashMap<Arc<str>, Arc<WorkerState>>,
     /// Prefix index per pool name; outlives snapshots.
     indexes: DashMap<Arc<str>, Arc<PrefixIndex>>,
+    /// Workers added at run time (admin API, DNS), by pool name.
+    dynamic: DashMap<String, Vec<WorkerConfig>>,
+    /// Configured workers removed through the admin API, by URL.
+    removed: DashMap<String, ()>,
+    /// Per-pool state that outlives rebuilds.
+    budgets: DashMap<String, Arc<RetryBudget>>,
+    queues: DashMap<String, Arc<AdmissionQueue>>,
 }
 
 impl Registry {
@@ -111,6 +127,10 @@ impl Registry {
             config: ArcSwap::new(config),
             states: DashMap::new(),
             indexes: DashMap::new(),
+            dynamic: DashMap::new(),
+            removed: DashMap::new(),
+            budgets: DashMap::new(),
+            queues: DashMap::new(),
         };
         reg.rebuild();
         Arc::new(reg)
@@ -125,10 +145,71 @@ impl Registry {
         self.config.load_full()
     }
 
-    /// Replace the configuration (already validated) and rebuild.
+    /// Replace the configuration (already validated) and rebuild. Workers whose URL
+    /// is unchanged keep their live state; per-pool budgets and queues are rebuilt
+    /// for pools whose settings changed.
     pub fn apply_config(&self, config: Config) {
+        let old = self.config.load_full();
+        for p in &config.pools {
+            let same = old.pools.iter().any(|o| {
+                o.name == p.name
+                    && o.retry_budget_ratio == p.retry_budget_ratio
+                    && o.retry_budget_min == p.retry_budget_min
+                    && o.queue_size == p.queue_size
+                    && o.queue_timeout == p.queue_timeout
+            });
+            if !same {
+                self.budgets.remove(&p.name);
+                self.queues.remove(&p.name);
+            }
+        }
         self.config.store(Arc::new(config));
         self.rebuild();
+    }
+
+    /// Add a worker to a pool at run time. Errors name the problem.
+    pub fn add_worker(&self, pool: &str, worker: WorkerConfig) -> Result<(), String> {
+        let config = self.config.load_full();
+        if !config.pools.iter().any(|p| p.name == pool) {
+            return Err(format!("no pool named `{pool}`"));
+        }
+        self.removed.remove(&worker.url);
+        let mut list = self.dynamic.entry(pool.to_string()).or_default();
+        if !list.iter().any(|w| w.url == worker.url) {
+            list.push(worker);
+        }
+        drop(list);
+        self.rebuild();
+        Ok(())
+    }
+
+    /// Remove a worker (configured or added) from every pool. In-flight requests finish.
+    pub fn remove_worker(&self, url: &str) -> bool {
+        let known = self.snapshot().workers().any(|w| &*w.id == url);
+        if known {
+            self.removed.insert(url.to_string(), ());
+            for mut list in self.dynamic.iter_mut() {
+                list.retain(|w| w.url != url);
+            }
+            self.rebuild();
+        }
+        known
+    }
+
+    /// Replace the workers a discovery `source` (e.g. `dns`, `k8s`) found for a
+    /// pool; rebuilds only on change.
+    pub fn set_discovered_workers(&self, pool: &str, source: &str, workers: Vec<WorkerConfig>) {
+        let key = format!("{source}:{pool}");
+        if self.dynamic.get(&key).is_some_and(|w| *w == workers) {
+            return;
+        }
+        self.dynamic.insert(key, workers);
+        self.rebuild();
+    }
+
+    /// Live state of a worker by URL.
+    pub fn worker_state(&self, url: &str) -> Option<Arc<WorkerState>> {
+        self.states.get(url).map(|s| s.clone())
     }
 
     /// Rebuild the snapshot from the config and the discovered models.
@@ -137,8 +218,22 @@ impl Registry {
         let mut pools = Vec::new();
         let mut routes: HashMap<String, Arc<ModelRoute>> = HashMap::new();
         for pc in &config.pools {
-            let workers: Vec<Arc<Worker>> = pc
-                .workers
+            let mut worker_cfgs: Vec<WorkerConfig> = pc.workers.clone();
+            // Admin-added workers are keyed by the pool name, discovered ones by
+            // `source:pool`.
+            let suffix = format!(":{}", pc.name);
+            for entry in self.dynamic.iter() {
+                if entry.key() != &pc.name && !entry.key().ends_with(&suffix) {
+                    continue;
+                }
+                for w in entry.value() {
+                    if !worker_cfgs.iter().any(|c| c.url == w.url) {
+                        worker_cfgs.push(w.clone());
+                    }
+                }
+            }
+            worker_cfgs.retain(|w| !self.removed.contains_key(&w.url));
+            let workers: Vec<Arc<Worker>> = worker_cfgs
                 .iter()
                 .filter_map(|wc| {
                     let state = self
@@ -173,12 +268,33 @@ impl Registry {
                 ix.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
                 ix
             });
+            let retry_budget = self
+                .budgets
+                .entry(pc.name.clone())
+                .or_insert_with(|| {
+                    Arc::new(RetryBudget::new(pc.retry_budget_ratio, pc.retry_budget_min))
+                })
+                .clone();
+            let queue = (pc.max_concurrency_per_worker > 0).then(|| {
+                self.queues
+                    .entry(pc.name.clone())
+                    .or_insert_with(|| {
+                        Arc::new(AdmissionQueue::new(
+                            pc.name.clone().into(),
+                            pc.queue_size,
+                            pc.queue_timeout,
+                        ))
+                    })
+                    .clone()
+            });
             let pool = Arc::new(PoolRuntime {
                 name: Arc::from(pc.name.as_str()),
                 config: pc.clone(),
                 workers: workers.clone(),
                 upstream_auth,
                 prefix_index: prefix_index.clone(),
+                retry_budget,
+                queue,
             });
             // model name → workers serving it
             let mut served: Vec<(String, Vec<Arc<Worker>>)> = Vec::new();
@@ -224,12 +340,23 @@ impl Registry {
                 } else {
                     Vec::new()
                 };
+                let model_label = SharedString::from(Arc::<str>::from(model.as_str()));
+                let metrics = ws
+                    .iter()
+                    .map(|w| {
+                        Arc::new(PairMetrics::new(
+                            model_label.clone(),
+                            SharedString::from(w.id.clone()),
+                        ))
+                    })
+                    .collect();
                 let route = Arc::new(ModelRoute {
                     model: Arc::from(model.as_str()),
                     pool: pool.clone(),
                     policy: build(pc.policy),
                     overrides,
                     workers: ws,
+                    metrics,
                 });
                 routes.insert(model.clone(), route.clone());
                 if pc.models.first() == Some(&model) {

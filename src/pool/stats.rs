@@ -191,7 +191,14 @@ pub struct WorkerStats {
     /// Estimated prompt tokens sent since the last scrape.
     pub tokens_since_poll: AtomicU64,
     pub poll_errors: AtomicU64,
+    /// Requests/s this gateway sent to the worker, EWMA over [`RATE_TAU`], × 1000.
+    pub rate_milli: AtomicU64,
+    rate_seen_requests: AtomicU64,
+    rate_seen_ms: AtomicU64,
 }
+
+/// Time constant of the request-rate EWMA.
+pub const RATE_TAU: Duration = Duration::from_secs(5);
 
 /// How fresh a worker's stats are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -293,6 +300,28 @@ impl WorkerStats {
         }
     }
 
+    /// Fold the worker's request counter into the rate EWMA (called by the poller
+    /// each tick; clock injected).
+    pub fn update_rate(&self, requests: u64, now: u64) {
+        let last_ms = self.rate_seen_ms.swap(now, Ordering::Relaxed);
+        let last_req = self.rate_seen_requests.swap(requests, Ordering::Relaxed);
+        if last_ms == 0 || now <= last_ms {
+            return;
+        }
+        let dt = (now - last_ms) as f64 / 1000.0;
+        let inst = requests.saturating_sub(last_req) as f64 / dt;
+        let alpha = 1.0 - (-dt / RATE_TAU.as_secs_f64()).exp();
+        let old = self.rate_milli.load(Ordering::Relaxed) as f64 / 1000.0;
+        let new = old + alpha * (inst - old);
+        self.rate_milli
+            .store((new * 1000.0).round() as u64, Ordering::Relaxed);
+    }
+
+    /// Recent requests/s from this gateway (EWMA).
+    pub fn rate(&self) -> f64 {
+        self.rate_milli.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+
     /// KV capacity in tokens, when the engine published it.
     pub fn kv_capacity_tokens(&self) -> Option<u64> {
         let b = self.num_gpu_blocks.load(Ordering::Relaxed);
@@ -368,6 +397,9 @@ async fn poll_worker(w: Arc<Worker>, client: UpstreamClient, ctl: Arc<PollCtl>) 
         let started = Instant::now();
         // A scrape may take at most a few intervals (and at most 1 s).
         let limit = Duration::from_millis((every * 4).clamp(50, 1_000));
+        w.state
+            .stats
+            .update_rate(w.state.requests.load(Ordering::Relaxed), now_ms());
         let auth = ctl.auth.load_full();
         match tokio::time::timeout(limit, scrape(&client, &uri, auth.as_deref())).await {
             Ok(Ok(s)) if s.is_useful() => w.state.stats.store(&s, now_ms()),
@@ -485,6 +517,23 @@ vllm:num_requests_waiting_by_reason{reason="capacity"} 99
         ) {
             let _ = parse_metrics(&lines.join("\n"));
         }
+    }
+
+    #[test]
+    fn rate_is_an_ewma_of_the_request_counter() {
+        let st = WorkerStats::default();
+        st.update_rate(0, 1_000);
+        assert_eq!(st.rate(), 0.0);
+        // 10 req/s for 20 s: converges to 10.
+        for k in 1..=200u64 {
+            st.update_rate(k, 1_000 + k * 100);
+        }
+        assert!((st.rate() - 10.0).abs() < 0.5, "{}", st.rate());
+        // Then silence for 10 s (two time constants): below 10 × e^-2 + slack.
+        for k in 1..=100u64 {
+            st.update_rate(200, 21_000 + k * 100);
+        }
+        assert!(st.rate() < 1.5, "{}", st.rate());
     }
 
     #[test]

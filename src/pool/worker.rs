@@ -1,10 +1,30 @@
 //! One upstream engine and its shared live state.
 
+use super::admission::AdmissionQueue;
+use super::health::HealthState;
 use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// What a worker does in a disaggregated pool (label `role`; default `both`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Prefill,
+    Decode,
+    Both,
+}
+
+impl Role {
+    pub fn from_label(v: Option<&str>) -> Role {
+        match v {
+            Some("prefill") => Role::Prefill,
+            Some("decode") => Role::Decode,
+            _ => Role::Both,
+        }
+    }
+}
 
 /// A worker as seen by one snapshot. Cheap to clone; the live state is shared
 /// across snapshots (and reloads) as long as the worker's URL is unchanged.
@@ -17,6 +37,7 @@ pub struct Worker {
     /// Path prefix before `/v1/...`, without trailing slash (usually empty).
     pub path_prefix: Arc<str>,
     pub labels: BTreeMap<String, String>,
+    pub role: Role,
     /// xxh3 of `id`, computed once for rendezvous hashing.
     pub id_hash: u64,
     pub state: Arc<WorkerState>,
@@ -34,6 +55,7 @@ pub struct WorkerState {
     pub discovered_models: ArcSwap<Vec<String>>,
     /// Engine stats from the poller plus the gateway's corrections (`pool::stats`).
     pub stats: WorkerStats,
+    pub health: HealthState,
 }
 
 impl Default for WorkerState {
@@ -46,6 +68,7 @@ impl Default for WorkerState {
             draining: AtomicBool::new(false),
             discovered_models: ArcSwap::from_pointee(Vec::new()),
             stats: WorkerStats::default(),
+            health: HealthState::default(),
         }
     }
 }
@@ -70,23 +93,30 @@ impl Worker {
             scheme,
             authority,
             path_prefix: Arc::from(prefix),
+            role: Role::from_label(labels.get("role").map(String::as_str)),
             labels,
             id_hash: xxhash_rust::xxh3::xxh3_64(url.as_bytes()),
             state,
         })
     }
 
-    /// Eligible for new requests.
+    /// Eligible for new requests: not ejected, not draining, not cooling down after a 429.
     pub fn is_available(&self) -> bool {
-        self.state.healthy.load(Ordering::Relaxed) && !self.state.draining.load(Ordering::Relaxed)
+        self.state.healthy.load(Ordering::Relaxed)
+            && !self.state.draining.load(Ordering::Relaxed)
+            && !self.state.health.overloaded.load(Ordering::Relaxed)
     }
 
-    /// Count a request as in flight until the guard drops.
-    pub fn begin(&self) -> InFlightGuard {
+    /// Count a request as in flight until the guard drops; the guard then wakes a
+    /// request waiting in `queue`, if any.
+    pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>) -> InFlightGuard {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
         self.state.stats.note_started();
-        InFlightGuard(self.state.clone())
+        InFlightGuard {
+            state: self.state.clone(),
+            queue: queue.cloned(),
+        }
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -95,13 +125,24 @@ impl Worker {
 }
 
 /// Decrements the worker's in-flight count when the response body ends or is dropped.
-#[derive(Debug)]
-pub struct InFlightGuard(Arc<WorkerState>);
+pub struct InFlightGuard {
+    state: Arc<WorkerState>,
+    queue: Option<Arc<AdmissionQueue>>,
+}
+
+impl InFlightGuard {
+    pub fn state(&self) -> &Arc<WorkerState> {
+        &self.state
+    }
+}
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.stats.note_finished();
+        self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state.stats.note_finished();
+        if let Some(q) = &self.queue {
+            q.release();
+        }
     }
 }
 
@@ -113,8 +154,8 @@ mod tests {
     fn guard_decrements_on_drop() {
         let w = Worker::new("http://h:1/pre", BTreeMap::new(), Default::default()).unwrap();
         assert_eq!(&*w.path_prefix, "/pre");
-        let g1 = w.begin();
-        let g2 = w.begin();
+        let g1 = w.begin(None);
+        let g2 = w.begin(None);
         assert_eq!(w.in_flight(), 2);
         drop(g1);
         assert_eq!(w.in_flight(), 1);

@@ -22,6 +22,10 @@ pub enum GatewayError {
     NotFound(String),
     #[error("No healthy worker is available for model `{0}`")]
     NoHealthyWorker(String),
+    #[error("Pool `{0}` is at capacity and its queue is full; retry later")]
+    QueueFull(String),
+    #[error("Pool `{0}` is at capacity; the request waited too long in the queue")]
+    QueueTimeout(String),
     #[error("Upstream {worker} is unreachable: {detail}")]
     UpstreamConnect { worker: Arc<str>, detail: String },
     #[error("Upstream {worker} failed: {detail}")]
@@ -38,6 +42,7 @@ impl GatewayError {
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             NoHealthyWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            QueueFull(_) | QueueTimeout(_) => StatusCode::TOO_MANY_REQUESTS,
             UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -54,6 +59,8 @@ impl GatewayError {
             BodyRead(_) => "body_read",
             NotFound(_) => "not_found",
             NoHealthyWorker(_) => "no_healthy_worker",
+            QueueFull(_) => "queue_full",
+            QueueTimeout(_) => "queue_timeout",
             UpstreamConnect { .. } => "upstream_connect",
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
@@ -76,6 +83,7 @@ impl GatewayError {
             MalformedJson(_) | MissingModel | BodyRead(_) | UnknownModel(_) | NotFound(_)
             | BodyTooLarge(_) => "invalid_request_error",
             NoHealthyWorker(_) => "service_unavailable",
+            QueueFull(_) | QueueTimeout(_) => "rate_limit_exceeded",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => {
                 "upstream_error"
             }
@@ -104,6 +112,12 @@ impl GatewayError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if resp.status() == StatusCode::TOO_MANY_REQUESTS
+            || resp.status() == StatusCode::SERVICE_UNAVAILABLE
+        {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
         resp
     }
 }

@@ -6,26 +6,50 @@ use super::error::GatewayError;
 use super::headers::strip_hop_by_hop;
 use super::observe::{ObserveParams, ObservedBody};
 use crate::api::{Endpoint, RequestInfo};
+use crate::config::HealthConfig;
 use crate::config::Timeouts;
-use crate::pool::{ModelRoute, Worker};
+use crate::pool::admission::{Priority, QueueError};
+use crate::pool::{health, InFlightGuard, ModelRoute, Role, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
+use crate::telemetry::names;
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{request, Request, Response, Uri};
 use http_body_util::Full;
+use hyper::body::Incoming;
+use metrics::counter;
 use metrics::SharedString;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Header carrying the session id used by session-affine routing.
 pub const SESSION_HEADER: &str = "x-session-id";
+/// Header selecting the queueing priority class (`high`, `normal`, `low`).
+pub const PRIORITY_HEADER: &str = "x-switchyard-priority";
 /// Debug header naming the chosen worker and the reason.
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
 /// Request header naming a policy to use instead of the pool's (honoured only when
 /// the pool sets `allow_policy_override`).
 pub const POLICY_HEADER: &str = "x-switchyard-policy";
+
+impl ForwardContext<'_> {
+    pub(crate) fn route_request(&self) -> RouteRequest<'_> {
+        RouteRequest::new(
+            self.info,
+            self.parts
+                .headers
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        )
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.start + self.timeouts.total
+    }
+}
 
 /// Everything the forwarding phases need about one request.
 pub struct ForwardContext<'a> {
@@ -37,24 +61,39 @@ pub struct ForwardContext<'a> {
     pub endpoint: Endpoint,
     pub request_id: &'a HeaderValue,
     pub timeouts: Timeouts,
+    pub health: &'a HealthConfig,
     pub debug_headers: bool,
     /// When the gateway received the request (TTFT and e2e start here).
     pub start: Instant,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
-/// retryable failures, and return the observed response.
+/// retryable failures (within the pool's retry budget), queueing when every
+/// eligible worker is at its concurrency limit, and return the observed response.
+/// Disaggregated pools go through `disagg::forward`, which may come back here.
 pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
+    if let Some(d) = &ctx.route.pool.config.disaggregation {
+        if matches!(
+            ctx.endpoint,
+            Endpoint::ChatCompletions | Endpoint::Completions
+        ) {
+            return crate::disagg::forward(&ctx, d).await;
+        }
+    }
+    forward_aggregated(&ctx).await
+}
+
+/// The ordinary path: one worker does the whole request. In a disaggregated pool,
+/// prefill-only workers are not eligible.
+pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
     let route = ctx.route;
     let pool = &route.pool;
-    let session = ctx
-        .parts
-        .headers
-        .get(SESSION_HEADER)
-        .and_then(|v| v.to_str().ok());
-    let rreq = RouteRequest::new(ctx.info, session);
-    let deadline = ctx.start + ctx.timeouts.total;
+    let skip_prefill = pool.config.disaggregation.is_some();
+    let rreq = ctx.route_request();
+    let deadline = ctx.deadline();
     let pool_label = SharedString::from(pool.name.clone());
+    let limit = pool.config.max_concurrency_per_worker;
+    // The pool's policy, or the one the request names when the pool allows it.
     let policy = match ctx
         .parts
         .headers
@@ -72,84 +111,183 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
         / u64::from(pool.config.routing.bytes_per_token.get());
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
+    pool.retry_budget.on_request();
+    let eligible = |i: usize, tried: &[usize]| {
+        let w = &route.workers[i];
+        w.is_available() && !tried.contains(&i) && !(skip_prefill && w.role == Role::Prefill)
+    };
 
-    for attempt in 0..pool.config.max_attempts {
-        // Phase: select.
-        let accept = |i: usize| route.workers[i].is_available() && !tried.contains(&i);
-        let Some(decision) = policy.pick(&rreq, &route.workers, &accept) else {
-            break;
+    let mut attempt = 0;
+    while attempt < pool.config.max_attempts {
+        // Phase: select (wait in the pool queue if every candidate is at its limit).
+        let accept =
+            |i: usize| eligible(i, &tried) && (limit == 0 || route.workers[i].in_flight() < limit);
+        let decision = match policy.pick(&rreq, &route.workers, &accept) {
+            Some(d) => d,
+            None => {
+                let saturated = limit > 0 && (0..route.workers.len()).any(|i| eligible(i, &tried));
+                match (&pool.queue, saturated) {
+                    (Some(q), true) => {
+                        let prio = Priority::parse(
+                            ctx.parts
+                                .headers
+                                .get(PRIORITY_HEADER)
+                                .and_then(|v| v.to_str().ok()),
+                        );
+                        q.wait(prio, Instant::now()).await.map_err(|e| match e {
+                            QueueError::Full => GatewayError::QueueFull(pool.name.to_string()),
+                            QueueError::Timeout => {
+                                GatewayError::QueueTimeout(pool.name.to_string())
+                            }
+                        })?;
+                        continue;
+                    }
+                    _ => break,
+                }
+            }
         };
+        if attempt > 0 {
+            counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
+            backoff(pool.config.retry_backoff, attempt).await;
+        }
+        attempt += 1;
         telemetry::record_decision(&pool_label, policy.name(), decision.reason.as_str());
         policy.record(&decision, &rreq, &route.workers);
         let est_cost = policy.estimate_cost(&decision, &rreq);
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
-        let worker_label = SharedString::from(worker.id.clone());
-
-        // Phase: prepare.
-        let upstream_req = prepare(&ctx, worker)?;
-
-        // Phase: send, bounded by the first-byte and total deadlines.
-        let guard = worker.begin();
         worker.state.stats.note_tokens(prompt_tokens);
-        let wait = ctx
-            .timeouts
-            .first_byte
-            .min(deadline.saturating_duration_since(Instant::now()));
-        let result = tokio::time::timeout(wait, ctx.client.request(upstream_req)).await;
-        let err = match result {
-            Err(_) => GatewayError::UpstreamTimeout {
-                worker: worker.id.clone(),
-                after: wait,
-            },
-            Ok(Err(e)) if e.is_connect() => GatewayError::UpstreamConnect {
-                worker: worker.id.clone(),
-                detail: error_chain(&e),
-            },
-            Ok(Err(e)) => GatewayError::UpstreamFailed {
-                worker: worker.id.clone(),
-                detail: error_chain(&e),
-            },
-            Ok(Ok(resp)) => {
+
+        // Phases: prepare and send.
+        match send(ctx, decision.index, ctx.body.clone(), deadline).await {
+            Ok((resp, guard)) => {
                 let status = resp.status();
                 let retry_status = status.is_server_error() || status.as_u16() == 429;
-                let more = attempt + 1 < pool.config.max_attempts
-                    && (0..route.workers.len())
-                        .any(|i| route.workers[i].is_available() && !tried.contains(&i));
-                if retry_status && more {
-                    telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
+                if retry_status && may_retry(route, &tried, attempt, deadline, &pool_label) {
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
                 }
-                telemetry::record_attempt(&worker_label, attempt_result(status.as_u16()));
                 if let Some(usd) = est_cost {
                     telemetry::record_estimated_cost(&pool_label, usd);
                 }
                 // Phase: on response.
-                return Ok(respond(
-                    &ctx,
-                    resp,
-                    worker,
-                    worker_label,
-                    (policy.name(), decision.reason, est_cost),
-                    guard,
-                    deadline,
-                ));
+                let mut out = respond(ctx, resp, decision.index, decision.reason, guard, deadline);
+                if ctx.debug_headers {
+                    let mut v = format!(
+                        "{}; policy={}; reason={}",
+                        worker.id,
+                        policy.name(),
+                        decision.reason.as_str()
+                    );
+                    if let Some(usd) = est_cost {
+                        v.push_str(&format!("; est_cost_usd={usd:.9}"));
+                    }
+                    if let Ok(v) = HeaderValue::from_str(&v) {
+                        out.headers_mut().insert(ROUTE_HEADER, v);
+                    }
+                }
+                return Ok(out);
             }
-        };
-        worker
-            .state
-            .failures
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        telemetry::record_attempt(&worker_label, err.reason());
-        tracing::warn!(worker = %worker.id, error = %err, attempt, "upstream attempt failed");
-        let retry = err.retryable();
-        last_err = Some(err);
-        if !retry || Instant::now() >= deadline {
-            break;
+            Err(err) => {
+                let retry = err.retryable();
+                last_err = Some(err);
+                if !retry || !may_retry(route, &tried, attempt, deadline, &pool_label) {
+                    break;
+                }
+            }
         }
     }
     Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(route.model.to_string())))
+}
+
+/// Send `body` to `worker` with the client's (filtered) headers, bounded by the
+/// first-byte and total deadlines. Health and attempt metrics are accounted here;
+/// a response of any status is `Ok` (the caller decides whether to retry it).
+pub(crate) async fn send(
+    ctx: &ForwardContext<'_>,
+    idx: usize,
+    body: Bytes,
+    deadline: Instant,
+) -> Result<(Response<Incoming>, InFlightGuard), GatewayError> {
+    let route = ctx.route;
+    let health = ctx.health;
+    let worker = &route.workers[idx];
+    let metrics = &route.metrics[idx];
+    let upstream_req = prepare(ctx, worker, body)?;
+    let guard = worker.begin(route.pool.queue.as_ref());
+    let wait = ctx
+        .timeouts
+        .first_byte
+        .min(deadline.saturating_duration_since(Instant::now()));
+    let err = match tokio::time::timeout(wait, ctx.client.request(upstream_req)).await {
+        Err(_) => GatewayError::UpstreamTimeout {
+            worker: worker.id.clone(),
+            after: wait,
+        },
+        Ok(Err(e)) if e.is_connect() => GatewayError::UpstreamConnect {
+            worker: worker.id.clone(),
+            detail: error_chain(&e),
+        },
+        Ok(Err(e)) => GatewayError::UpstreamFailed {
+            worker: worker.id.clone(),
+            detail: error_chain(&e),
+        },
+        Ok(Ok(resp)) => {
+            let status = resp.status();
+            metrics.record_attempt(attempt_result(status.as_u16()));
+            if status.as_u16() == 429 {
+                health::on_overloaded(worker, health);
+            } else if status.is_server_error() {
+                worker.state.failures.fetch_add(1, Ordering::Relaxed);
+                health::on_failure(worker, &route.workers, health);
+            } else {
+                health::on_success(&worker.state);
+            }
+            return Ok((resp, guard));
+        }
+    };
+    worker.state.failures.fetch_add(1, Ordering::Relaxed);
+    health::on_failure(worker, &route.workers, health);
+    metrics.record_attempt(err.reason());
+    tracing::warn!(worker = %worker.id, error = %err, "upstream attempt failed");
+    Err(err)
+}
+
+/// Another attempt is allowed: attempts left, time left, an untried worker able to
+/// take it, and the pool's retry budget has a retry to spend (checked last: it takes one).
+fn may_retry(
+    route: &ModelRoute,
+    tried: &[usize],
+    attempt: u32,
+    deadline: Instant,
+    pool_label: &SharedString,
+) -> bool {
+    let pool = &route.pool;
+    if attempt >= pool.config.max_attempts || Instant::now() >= deadline {
+        return false;
+    }
+    let candidate =
+        (0..route.workers.len()).any(|i| route.workers[i].is_available() && !tried.contains(&i));
+    if !candidate {
+        return false;
+    }
+    if pool.retry_budget.try_retry() {
+        true
+    } else {
+        counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
+            .increment(1);
+        false
+    }
+}
+
+/// Jittered exponential backoff before retry number `attempt` (1-based).
+async fn backoff(base: std::time::Duration, attempt: u32) {
+    if base.is_zero() {
+        return;
+    }
+    let cap = base.saturating_mul(1 << attempt.min(6));
+    let d = cap.mul_f64(rand::random::<f64>());
+    tokio::time::sleep(d).await;
 }
 
 fn attempt_result(status: u16) -> &'static str {
@@ -177,6 +315,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 fn prepare(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
+    body: Bytes,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let pq = ctx
         .parts
@@ -213,22 +352,24 @@ fn prepare(
         headers.insert(header::AUTHORIZATION, auth.clone());
     }
     headers.insert("x-request-id", ctx.request_id.clone());
-    let mut req = Request::new(Full::new(ctx.body.clone()));
+    let mut req = Request::new(Full::new(body));
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
     Ok(req)
 }
 
-fn respond(
+/// Wrap the upstream response for the client: hop-by-hop headers dropped, body
+/// observed, debug route header when enabled.
+pub(crate) fn respond(
     ctx: &ForwardContext<'_>,
-    resp: Response<hyper::body::Incoming>,
-    worker: &Worker,
-    worker_label: SharedString,
-    (policy, reason, est_cost): (&'static str, Reason, Option<f64>),
-    guard: crate::pool::InFlightGuard,
+    resp: Response<Incoming>,
+    idx: usize,
+    reason: Reason,
+    guard: InFlightGuard,
     deadline: Instant,
 ) -> Response<Body> {
+    let worker = &ctx.route.workers[idx];
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let sse = parts
@@ -240,9 +381,8 @@ fn respond(
         incoming,
         ObserveParams {
             start: ctx.start,
-            model: SharedString::from(ctx.route.model.clone()),
-            worker: worker_label,
-            endpoint: ctx.endpoint.as_str(),
+            metrics: ctx.route.metrics[idx].clone(),
+            endpoint: ctx.endpoint.index(),
             status: parts.status.as_u16(),
             sse,
             idle: ctx.timeouts.idle,
@@ -251,11 +391,8 @@ fn respond(
         },
     );
     if ctx.debug_headers {
-        let mut v = format!("{}; policy={policy}; reason={}", worker.id, reason.as_str());
-        if let Some(usd) = est_cost {
-            v.push_str(&format!("; est_cost_usd={usd:.9}"));
-        }
-        if let Ok(v) = HeaderValue::from_str(&v) {
+        if let Ok(v) = HeaderValue::from_str(&format!("{}; reason={}", worker.id, reason.as_str()))
+        {
             parts.headers.insert(ROUTE_HEADER, v);
         }
     }

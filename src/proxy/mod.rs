@@ -4,9 +4,10 @@
 
 mod client;
 mod error;
-mod forward;
+pub mod forward;
 mod headers;
 pub mod observe;
+pub mod retry_budget;
 
 pub use client::{UpstreamBody, UpstreamClient};
 pub use error::GatewayError;

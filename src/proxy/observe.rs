@@ -5,14 +5,15 @@
 
 use crate::api::ErrorBody;
 use crate::pool::InFlightGuard;
-use crate::telemetry::{self, names, Outcome, RequestMetrics};
+use crate::telemetry::{names, Outcome, PairMetrics, RequestMetrics};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
-use metrics::{counter, histogram, Histogram, SharedString};
+use metrics::counter;
 use serde::Deserialize;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -63,9 +64,9 @@ fn parse_usage(rest: &[u8]) -> Option<Usage> {
 /// Labels and limits for one observed response.
 pub struct ObserveParams {
     pub start: Instant,
-    pub model: SharedString,
-    pub worker: SharedString,
-    pub endpoint: &'static str,
+    pub metrics: Arc<PairMetrics>,
+    /// Index into `telemetry::ENDPOINTS`.
+    pub endpoint: usize,
     pub status: u16,
     pub sse: bool,
     pub idle: Duration,
@@ -76,7 +77,6 @@ pub struct ObserveParams {
 /// Measurements taken from the bytes as they pass.
 struct Observer {
     p: ObserveParams,
-    itl: Histogram,
     first_content: Option<Instant>,
     last_content: Option<Instant>,
     content_events: u64,
@@ -148,7 +148,11 @@ impl Observer {
         if carries_content(data) {
             match self.last_content {
                 None => self.first_content = Some(now),
-                Some(prev) => self.itl.record(now.duration_since(prev).as_secs_f64()),
+                Some(prev) => self
+                    .p
+                    .metrics
+                    .itl
+                    .record(now.duration_since(prev).as_secs_f64()),
             }
             self.last_content = Some(now);
             self.content_events += 1;
@@ -189,14 +193,9 @@ impl Drop for Observer {
                 self.content_events
             },
         };
-        telemetry::record_request(
-            &self.p.model,
-            &self.p.worker,
-            self.p.endpoint,
-            self.p.status,
-            outcome,
-            &m,
-        );
+        self.p
+            .metrics
+            .record_request(self.p.endpoint, self.p.status, outcome, &m);
     }
 }
 
@@ -219,11 +218,6 @@ pub struct ObservedBody<B> {
 impl<B> ObservedBody<B> {
     pub fn new(inner: B, p: ObserveParams) -> Self {
         let now = Instant::now();
-        let itl = histogram!(
-            names::ITL_SECONDS,
-            names::L_MODEL => p.model.clone(),
-            names::L_WORKER => p.worker.clone()
-        );
         let first = (now + p.idle).min(p.deadline);
         ObservedBody {
             inner: Box::pin(inner),
@@ -231,7 +225,6 @@ impl<B> ObservedBody<B> {
             last_activity: now,
             obs: Observer {
                 p,
-                itl,
                 first_content: None,
                 last_content: None,
                 content_events: 0,
@@ -244,15 +237,24 @@ impl<B> ObservedBody<B> {
         }
     }
 
+    /// The upstream body ended normally.
+    fn finish(&mut self) {
+        if matches!(self.phase, Phase::Streaming) {
+            self.obs.on_end();
+            self.obs.outcome = Some(Outcome::Completed);
+            self.phase = Phase::Done;
+        }
+    }
+
     fn fail(&mut self, reason: &'static str, message: &str) {
         counter!(
             names::STREAM_ERRORS_TOTAL,
-            names::L_MODEL => self.obs.p.model.clone(),
-            names::L_WORKER => self.obs.p.worker.clone(),
+            names::L_MODEL => self.obs.p.metrics.model.clone(),
+            names::L_WORKER => self.obs.p.metrics.worker.clone(),
             names::L_REASON => reason
         )
         .increment(1);
-        tracing::warn!(worker = %self.obs.p.worker, reason, "response failed mid-body");
+        tracing::warn!(worker = %self.obs.p.metrics.worker, reason, "response failed mid-body");
         self.obs.outcome = Some(Outcome::Error);
         let event =
             self.obs.p.sse.then(|| {
@@ -301,6 +303,12 @@ where
                     if let Some(data) = frame.data_ref() {
                         this.obs.on_data(data, now);
                     }
+                    // hyper stops polling a body with a known length once it has
+                    // written every byte, and drops it without asking for the end:
+                    // finish here so a complete response is not counted as cancelled.
+                    if this.inner.is_end_stream() {
+                        this.finish();
+                    }
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -309,9 +317,7 @@ where
                     continue;
                 }
                 Poll::Ready(None) => {
-                    this.obs.on_end();
-                    this.obs.outcome = Some(Outcome::Completed);
-                    this.phase = Phase::Done;
+                    this.finish();
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {}
@@ -341,7 +347,11 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        matches!(self.phase, Phase::Done)
+        match self.phase {
+            Phase::Done => true,
+            Phase::Streaming => self.inner.is_end_stream(),
+            Phase::Failing(_) => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -44,6 +44,10 @@ pub enum Reason {
     Session,
     /// Lowest KV-cache usage.
     LeastKv,
+    /// Disaggregation: the prefill worker answered for the client (its error).
+    Prefill,
+    /// Disaggregation: the decode worker, chosen by load.
+    Decode,
 }
 
 impl Reason {
@@ -57,6 +61,8 @@ impl Reason {
         Reason::Cheapest,
         Reason::Session,
         Reason::LeastKv,
+        Reason::Prefill,
+        Reason::Decode,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +76,8 @@ impl Reason {
             Reason::Cheapest => "cheapest",
             Reason::Session => "session",
             Reason::LeastKv => "least_kv",
+            Reason::Prefill => "pd_prefill",
+            Reason::Decode => "pd_decode",
         }
     }
 }

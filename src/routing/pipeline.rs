@@ -195,8 +195,10 @@ impl Pipeline {
             .map_or(self.model_seed, |t| xxh3_64_with_seed(t, self.model_seed))
     }
 
-    /// The index of the best candidate among those `ok` admits: highest score,
-    /// ties by rendezvous weight on `key`.
+    /// The index of the best candidate among those `ok` admits: highest score;
+    /// among equal positive scores the shorter queue; remaining ties by
+    /// rendezvous weight on `key` (so zero-score ties — nobody has a preference —
+    /// are decided the same way on every replica).
     fn best(
         cands: &[Cand],
         workers: &[Arc<Worker>],
@@ -208,9 +210,10 @@ impl Pipeline {
             match best {
                 None => best = Some((k, c.score, 0)),
                 Some((bk, bs, mut bw)) => {
-                    if c.score > bs + TIE {
+                    let by_queue = bs > TIE && (c.score - bs).abs() <= TIE;
+                    if c.score > bs + TIE || (by_queue && c.queue < cands[bk].queue) {
                         best = Some((k, c.score, 0));
-                    } else if c.score >= bs - TIE {
+                    } else if c.score >= bs - TIE && !(by_queue && c.queue > cands[bk].queue) {
                         // A tie: compute rendezvous weights only now.
                         if bw == 0 {
                             bw = rendezvous::weight(key, workers[cands[bk].i].id_hash);
@@ -389,6 +392,22 @@ impl Pipeline {
                 (k, true)
             }
         };
+        // A new prefix goes to the less loaded of its two rendezvous choices
+        // (estimated queue, then recent request rate): every replica considers the
+        // same two workers, and placement is nearly as good as least-queue.
+        let new_prefix = self.has(ScorerKind::Prefix) && !blocks.is_empty() && matched == 0;
+        let chosen = if new_prefix && !spilled && cands[chosen].score <= TIE {
+            let second = Self::best(&cands, workers, key, |c| {
+                !restricted(c) && c.score <= TIE && c.i != cands[chosen].i
+            });
+            let busy = |k: usize| (cands[k].queue, workers[cands[k].i].state.stats.rate());
+            match second {
+                Some(k) if busy(k) < busy(chosen) => k,
+                _ => chosen,
+            }
+        } else {
+            chosen
+        };
         let c = &cands[chosen];
         let reason = if spilled {
             Reason::SpillOverload
@@ -401,9 +420,7 @@ impl Pipeline {
                 .filter(|t| t.1 > 0.0);
             match top.map(|t| t.0) {
                 Some(ScorerKind::Prefix) => Reason::PrefixHit,
-                _ if self.has(ScorerKind::Prefix) && !blocks.is_empty() && matched == 0 => {
-                    Reason::NewPrefix
-                }
+                _ if new_prefix => Reason::NewPrefix,
                 Some(ScorerKind::Session) => Reason::Session,
                 Some(ScorerKind::Cost) => Reason::Cheapest,
                 Some(ScorerKind::Kv) => Reason::LeastKv,
@@ -546,7 +563,7 @@ mod tests {
             }
         );
         // A burst sent to w1 since the last scrape makes w0 the shortest.
-        let _guards: Vec<_> = (0..4).map(|_| f.workers[1].begin()).collect();
+        let _guards: Vec<_> = (0..4).map(|_| f.workers[1].begin(None)).collect();
         assert_eq!(pick(&f, &info, None).index, 0);
     }
 
@@ -577,7 +594,7 @@ mod tests {
         assert_eq!(at(t0 + 40), 2, "fresh and idle");
         assert_eq!(at(t0 + 101), 0, "stale: passed over");
         // When every worker is stale, the gateway's own counts still route.
-        let _busy = f.workers[2].begin();
+        let _busy = f.workers[2].begin(None);
         let d = at(t0 + 1_000);
         assert_ne!(d, 2);
     }
@@ -621,6 +638,31 @@ mod tests {
             spread.insert(a.index);
         }
         assert!(spread.len() >= 3, "new prefixes spread: {spread:?}");
+    }
+
+    #[test]
+    fn new_prefix_goes_to_the_less_busy_of_two_choices() {
+        let f1 = fixture("prefix", "");
+        let f2 = fixture("prefix", "");
+        let info = chat(&"n".repeat(3000));
+        let first = pick(&f1, &info, None).index;
+        // The first choice is busy on f2: the second choice takes the prefix.
+        f2.workers[first]
+            .state
+            .stats
+            .rate_milli
+            .store(50_000, std::sync::atomic::Ordering::Relaxed);
+        let d = pick(&f2, &info, None);
+        assert_eq!(d.reason, Reason::NewPrefix);
+        assert_ne!(d.index, first);
+        // Once placed, the prefix stays there (a hit, not a new placement).
+        assert_eq!(
+            pick(&f2, &info, None),
+            Decision {
+                index: d.index,
+                reason: Reason::PrefixHit
+            }
+        );
     }
 
     #[test]

@@ -22,12 +22,12 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let endpoint = Endpoint::from_path(parts.uri.path());
     let snap = gw.registry.snapshot();
     let server = &snap.config.server;
-    let mut model: Option<String> = None;
+    // The route, once known, names the model for error metrics.
+    let mut known: Option<&Arc<crate::pool::ModelRoute>> = None;
     let result = async {
         let body = read_body(body, &parts.headers, server.max_body_bytes).await?;
         let info = api::inspect(&body)
             .map_err(|InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
-        model = info.model.clone();
         let name = info
             .model
             .as_deref()
@@ -39,6 +39,7 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         let route = snap
             .route(name)
             .ok_or_else(|| GatewayError::UnknownModel(name.to_string()))?;
+        known = Some(route);
         proxy::forward(ForwardContext {
             client: &gw.client,
             route,
@@ -48,6 +49,7 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
             endpoint,
             request_id: &request_id,
             timeouts: server.timeouts,
+            health: &snap.config.health,
             debug_headers: server.debug_headers,
             start,
         })
@@ -57,9 +59,9 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let mut resp = match result {
         Ok(r) => r,
         Err(e) => {
-            // Only known model names become labels; anything else is "none".
-            let known = model.as_deref().filter(|m| snap.route(m).is_some());
-            telemetry::record_gateway_error(known, e.reason(), e.status().as_u16());
+            // Only configured model names become labels; anything else is "none".
+            let model = known.map(|r| &*r.model);
+            telemetry::record_gateway_error(model, e.reason(), e.status().as_u16());
             e.to_response()
         }
     };

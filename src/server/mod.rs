@@ -1,19 +1,24 @@
 //! The client-facing listener: routes, request ids, body limit, OpenAI error shape,
 //! and graceful shutdown. Everything model-specific is delegated to `proxy/`.
 
+pub mod admin;
 mod handlers;
+mod reload;
 mod request_id;
+
+pub use reload::{spawn_reload_triggers, Reloader};
 
 use crate::config::Config;
 use crate::pool::{self, Registry};
 use crate::proxy::UpstreamClient;
-use crate::telemetry;
+use crate::telemetry::{self, names};
 use axum::routing::{get, post};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use metrics::gauge;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -22,15 +27,13 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-/// How long in-flight requests may run after shutdown begins.
-pub const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(30);
-
 /// Shared state of one gateway instance.
 pub struct Gateway {
     pub registry: Arc<Registry>,
     pub client: UpstreamClient,
     pub metrics: PrometheusHandle,
     shutting_down: AtomicBool,
+    reloader: arc_swap::ArcSwapOption<Reloader>,
 }
 
 impl Gateway {
@@ -41,12 +44,44 @@ impl Gateway {
         let registry = Registry::new(config);
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_stats_poller(registry.clone(), client.clone());
+        pool::spawn_health_checks(registry.clone(), client.clone());
+        pool::spawn_dns_discovery(registry.clone());
+        let metrics = telemetry::install();
+        telemetry::spawn_upkeep(metrics.clone());
         Arc::new(Gateway {
             registry,
             client,
-            metrics: telemetry::install(),
+            metrics,
             shutting_down: AtomicBool::new(false),
+            reloader: arc_swap::ArcSwapOption::empty(),
         })
+    }
+
+    /// Set how a reload obtains the new config (re-read the file, re-apply flags).
+    pub fn set_reloader(&self, f: Reloader) {
+        self.reloader.store(Some(Arc::new(f)));
+    }
+
+    /// Reload: validate the new config and swap it in, or keep the old one.
+    pub fn reload(&self) -> Result<(), String> {
+        let Some(f) = self.reloader.load_full() else {
+            return Err("this gateway was started without a reloadable configuration".into());
+        };
+        match f() {
+            Ok(cfg) => {
+                self.registry.apply_config(cfg);
+                metrics::counter!(names::CONFIG_RELOADS_TOTAL, names::L_RESULT => "ok")
+                    .increment(1);
+                tracing::info!("configuration reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                metrics::counter!(names::CONFIG_RELOADS_TOTAL, names::L_RESULT => "rejected")
+                    .increment(1);
+                tracing::error!(error = %e, "configuration reload rejected; keeping the current one");
+                Err(e.to_string())
+            }
+        }
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -72,6 +107,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 /// A running gateway: its address and a way to stop it.
 pub struct ServerHandle {
     pub addr: SocketAddr,
+    /// The admin listener, when the config enables it.
+    pub admin_addr: Option<SocketAddr>,
     pub gateway: Arc<Gateway>,
     stop: tokio::sync::watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
@@ -95,18 +132,21 @@ pub async fn spawn(config: Config) -> std::io::Result<ServerHandle> {
     let listener = TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
     let gateway = Gateway::start(config).await;
+    let admin_addr = admin::spawn(gateway.clone()).await?;
     let (stop, mut rx) = tokio::sync::watch::channel(false);
     let gw = gateway.clone();
     let task = tokio::spawn(async move {
         let signal = async move {
             let _ = rx.wait_for(|v| *v).await;
         };
-        if let Err(e) = serve(listener, gw, signal, DEFAULT_DRAIN_DEADLINE).await {
+        let drain = gw.registry.config().server.drain_timeout;
+        if let Err(e) = serve(listener, gw, signal, drain).await {
             tracing::error!(error = %e, "server stopped");
         }
     });
     Ok(ServerHandle {
         addr,
+        admin_addr,
         gateway,
         stop,
         task,
@@ -121,15 +161,31 @@ pub async fn serve(
     drain: Duration,
 ) -> std::io::Result<()> {
     let app = router(gw.clone());
+    let server_cfg = gw.registry.config().server.clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
+        .header_read_timeout(server_cfg.header_read_timeout)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
+    let permits = Arc::new(tokio::sync::Semaphore::new(server_cfg.max_connections));
+    let mut grace_end = tokio::time::Instant::now();
     tokio::pin!(shutdown);
     loop {
+        // At the connection cap, stop accepting until one closes.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+            _ = &mut shutdown, if !gw.is_shutting_down() => {
+                gw.shutting_down.store(true, Ordering::Relaxed);
+                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                if server_cfg.unready_grace.is_zero() {
+                    break;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(grace_end), if gw.is_shutting_down() => break,
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, _peer) = match accepted {
@@ -145,11 +201,24 @@ pub async fn serve(
                 let svc = TowerToHyperService::new(app.clone());
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
                 let conn = graceful.watch(conn.into_owned());
+                let open = gauge!(names::CONNECTIONS_OPEN);
+                open.increment(1.0);
                 tokio::spawn(async move {
                     let _ = conn.await;
+                    open.decrement(1.0);
+                    drop(permit);
                 });
             }
-            _ = &mut shutdown => break,
+            _ = &mut shutdown, if !gw.is_shutting_down() => {
+                // Readiness turns false first; keep accepting through the grace period.
+                gw.shutting_down.store(true, Ordering::Relaxed);
+                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                tracing::info!(grace = ?server_cfg.unready_grace, "shutting down: not ready");
+                if server_cfg.unready_grace.is_zero() {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(grace_end), if gw.is_shutting_down() => break,
         }
     }
     gw.shutting_down.store(true, Ordering::Relaxed);

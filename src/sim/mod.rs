@@ -225,7 +225,8 @@ pub(crate) struct Shared {
     pub started: u64,
 }
 
-/// A running simulated engine.
+/// A running simulated engine. Dropping the handle kills the engine (as
+/// [`SimHandle::kill`]), so keep it alive as long as the engine is needed.
 pub struct SimHandle {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -293,6 +294,15 @@ impl SimHandle {
     /// The configuration this engine runs with.
     pub fn config(&self) -> &SimConfig {
         &self.shared.cfg
+    }
+
+    /// Requests that reached a generation endpoint so far, faulted and invalid
+    /// ones included (`sim_requests_received_total`).
+    pub fn requests_received(&self) -> u64 {
+        self.shared
+            .stats
+            .requests_received
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Replace the active faults (same as `POST /sim/faults`).

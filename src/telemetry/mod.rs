@@ -4,7 +4,7 @@
 pub mod names;
 
 use crate::pool::Snapshot;
-use metrics::{counter, gauge, histogram, SharedString};
+use metrics::{counter, gauge, histogram, Counter, Histogram, SharedString};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
@@ -34,6 +34,24 @@ pub fn install() -> PrometheusHandle {
             handle
         })
         .clone()
+}
+
+/// How often the exporter's histogram storage is compacted when nobody scrapes.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Start the exporter's upkeep task once per process (must run inside a runtime):
+/// without it, histogram samples accumulate between scrapes.
+pub fn spawn_upkeep(handle: PrometheusHandle) {
+    static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(UPKEEP_EVERY).await;
+            handle.run_upkeep();
+        }
+    });
 }
 
 /// Render the exposition text, refreshing the worker gauges from their atomics first.
@@ -105,56 +123,106 @@ pub struct RequestMetrics {
     pub output_tokens: u64,
 }
 
-/// Record a finished proxied request.
-pub fn record_request(
-    model: &SharedString,
-    worker: &SharedString,
-    endpoint: &'static str,
-    status: u16,
-    outcome: Outcome,
-    m: &RequestMetrics,
-) {
-    let labels = [
-        (names::L_MODEL, model.clone()),
-        (names::L_WORKER, worker.clone()),
-    ];
-    counter!(
-        names::REQUESTS_TOTAL,
-        names::L_MODEL => model.clone(),
-        names::L_WORKER => worker.clone(),
-        names::L_ENDPOINT => endpoint,
-        names::L_STATUS => status_label(status),
-        names::L_OUTCOME => outcome.as_str()
-    )
-    .increment(1);
-    histogram!(names::E2E_SECONDS, &labels).record(m.e2e.as_secs_f64());
-    if let Some(t) = m.ttft {
-        histogram!(names::TTFT_SECONDS, &labels).record(t.as_secs_f64());
-    }
-    let tokens = |kind: &'static str, n: u64| {
-        if n > 0 {
-            counter!(
-                names::TOKENS_TOTAL,
-                names::L_MODEL => model.clone(),
-                names::L_WORKER => worker.clone(),
-                names::L_KIND => kind
-            )
-            .increment(n);
-        }
-    };
-    tokens("prompt", m.prompt_tokens.unwrap_or(0));
-    tokens("cached", m.cached_tokens.unwrap_or(0));
-    tokens("output", m.output_tokens);
+/// Metric handles for one (model, worker) pair, resolved once when the routing
+/// snapshot is built so the request path does no registry lookups for them.
+pub struct PairMetrics {
+    pub model: SharedString,
+    pub worker: SharedString,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub e2e: Histogram,
+    tokens: [Counter; 3],
+    /// `status="200", outcome="completed"`, by endpoint index.
+    completed: [Counter; ENDPOINTS.len()],
+    attempt_ok: Counter,
 }
 
-/// Record one inter-token gap.
-pub fn record_itl(model: &SharedString, worker: &SharedString, gap: Duration) {
-    histogram!(
-        names::ITL_SECONDS,
-        names::L_MODEL => model.clone(),
-        names::L_WORKER => worker.clone()
-    )
-    .record(gap.as_secs_f64());
+/// Endpoint labels, in `api::Endpoint` order.
+pub const ENDPOINTS: [&str; 5] = [
+    "chat_completions",
+    "completions",
+    "embeddings",
+    "responses",
+    "other",
+];
+
+impl PairMetrics {
+    pub fn new(model: SharedString, worker: SharedString) -> PairMetrics {
+        let pair = [
+            (names::L_MODEL, model.clone()),
+            (names::L_WORKER, worker.clone()),
+        ];
+        let tokens = ["prompt", "cached", "output"].map(|kind| {
+            counter!(names::TOKENS_TOTAL, names::L_MODEL => model.clone(),
+                names::L_WORKER => worker.clone(), names::L_KIND => kind)
+        });
+        let completed = ENDPOINTS.map(|ep| {
+            counter!(names::REQUESTS_TOTAL, names::L_MODEL => model.clone(),
+                names::L_WORKER => worker.clone(), names::L_ENDPOINT => ep,
+                names::L_STATUS => "200", names::L_OUTCOME => Outcome::Completed.as_str())
+        });
+        PairMetrics {
+            ttft: histogram!(names::TTFT_SECONDS, &pair),
+            itl: histogram!(names::ITL_SECONDS, &pair),
+            e2e: histogram!(names::E2E_SECONDS, &pair),
+            tokens,
+            completed,
+            attempt_ok: counter!(names::UPSTREAM_ATTEMPTS_TOTAL,
+                names::L_WORKER => worker.clone(), names::L_RESULT => "ok"),
+            model,
+            worker,
+        }
+    }
+
+    /// Record a finished proxied request.
+    pub fn record_request(
+        &self,
+        endpoint: usize,
+        status: u16,
+        outcome: Outcome,
+        m: &RequestMetrics,
+    ) {
+        if status == 200 && outcome == Outcome::Completed && endpoint < ENDPOINTS.len() {
+            self.completed[endpoint].increment(1);
+        } else {
+            counter!(
+                names::REQUESTS_TOTAL,
+                names::L_MODEL => self.model.clone(),
+                names::L_WORKER => self.worker.clone(),
+                names::L_ENDPOINT => ENDPOINTS[endpoint.min(ENDPOINTS.len() - 1)],
+                names::L_STATUS => status_label(status),
+                names::L_OUTCOME => outcome.as_str()
+            )
+            .increment(1);
+        }
+        self.e2e.record(m.e2e.as_secs_f64());
+        if let Some(t) = m.ttft {
+            self.ttft.record(t.as_secs_f64());
+        }
+        for (c, n) in self.tokens.iter().zip([
+            m.prompt_tokens.unwrap_or(0),
+            m.cached_tokens.unwrap_or(0),
+            m.output_tokens,
+        ]) {
+            if n > 0 {
+                c.increment(n);
+            }
+        }
+    }
+
+    /// Record one upstream attempt and its result.
+    pub fn record_attempt(&self, result: &'static str) {
+        if result == "ok" {
+            self.attempt_ok.increment(1);
+        } else {
+            counter!(
+                names::UPSTREAM_ATTEMPTS_TOTAL,
+                names::L_WORKER => self.worker.clone(),
+                names::L_RESULT => result
+            )
+            .increment(1);
+        }
+    }
 }
 
 /// Record a request the gateway answered itself with an error.
@@ -164,16 +232,6 @@ pub fn record_gateway_error(model: Option<&str>, reason: &'static str, status: u
         names::L_REASON => reason,
         names::L_STATUS => status_label(status),
         names::L_MODEL => SharedString::from(model.unwrap_or("none").to_string())
-    )
-    .increment(1);
-}
-
-/// Record one upstream attempt and its result.
-pub fn record_attempt(worker: &SharedString, result: &'static str) {
-    counter!(
-        names::UPSTREAM_ATTEMPTS_TOTAL,
-        names::L_WORKER => worker.clone(),
-        names::L_RESULT => result
     )
     .increment(1);
 }

@@ -27,6 +27,19 @@ pub const PREFIX_INDEX_EVICTIONS_TOTAL: &str = "switchyard_prefix_index_eviction
 pub const ESTIMATED_COST_MICRODOLLARS_TOTAL: &str =
     "switchyard_routing_estimated_cost_microdollars_total";
 pub const POLICY_OVERRIDES_TOTAL: &str = "switchyard_routing_policy_overrides_total";
+pub const WORKER_STATE: &str = "switchyard_worker_state";
+pub const EJECTIONS_TOTAL: &str = "switchyard_worker_ejections_total";
+pub const EJECTIONS_REFUSED_TOTAL: &str = "switchyard_worker_ejections_refused_total";
+pub const WORKER_OVERLOADED_TOTAL: &str = "switchyard_worker_overloaded_total";
+pub const RETRIES_TOTAL: &str = "switchyard_retries_total";
+pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "switchyard_retry_budget_exhausted_total";
+pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
+pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
+pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
+pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
+pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
+pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
+pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
 
 pub const L_MODEL: &str = "model";
 pub const L_WORKER: &str = "worker";
@@ -38,6 +51,9 @@ pub const L_KIND: &str = "kind";
 pub const L_REASON: &str = "reason";
 pub const L_RESULT: &str = "result";
 pub const L_POLICY: &str = "policy";
+pub const L_STATE: &str = "state";
+pub const L_MODE: &str = "mode";
+pub const L_LEG: &str = "leg";
 
 /// Register help text and units for every metric.
 pub fn describe() {

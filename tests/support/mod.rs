@@ -89,3 +89,59 @@ pub async fn scrape(url: &str) -> String {
         .await
         .unwrap()
 }
+
+/// Start `n` quick simulated workers (tiny profile) with a time scale.
+pub async fn sims(n: usize, time_scale: f64) -> Vec<switchyard::sim::SimHandle> {
+    let mut v = Vec::new();
+    for i in 0..n {
+        let cfg = switchyard::sim::SimConfig {
+            time_scale,
+            seed: i as u64,
+            ..switchyard::sim::SimConfig::profile("tiny").expect("tiny profile")
+        };
+        v.push(switchyard::sim::spawn(cfg).await.expect("sim starts"));
+    }
+    v
+}
+
+/// Model name served by `sims()`.
+pub fn sim_model() -> String {
+    switchyard::sim::SimConfig::profile("tiny").unwrap().model
+}
+
+pub fn urls(sims: &[switchyard::sim::SimHandle]) -> Vec<String> {
+    sims.iter().map(|s| s.url()).collect()
+}
+
+/// A value from a simulated worker's `/metrics` (vLLM names contain `:`, which
+/// prometheus-parse skips, so this reads the line directly).
+pub async fn sim_metric(url: &str, name: &str) -> f64 {
+    let text = client()
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Stream a chat completion and return the raw SSE text.
+pub async fn stream_text(url: &str, body: serde_json::Value) -> (u16, String) {
+    let r = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = match r.text().await {
+        Ok(t) => t,
+        Err(e) => format!("<transport error: {e}>"),
+    };
+    (status, text)
+}

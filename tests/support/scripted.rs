@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 #[derive(Default)]
 pub struct Recorded {
     pub headers: Vec<BTreeMap<String, String>>,
+    pub bodies: Vec<serde_json::Value>,
 }
 
 pub struct Scripted {
@@ -40,8 +41,12 @@ async fn chat(State(st): State<St>, headers: HeaderMap, body: Bytes) -> Response
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
         .collect();
-    st.recorded.lock().unwrap().headers.push(map);
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    {
+        let mut rec = st.recorded.lock().unwrap();
+        rec.headers.push(map);
+        rec.bodies.push(v.clone());
+    }
     if v["stream"] == true {
         let rx = st.events.lock().unwrap().take();
         let stream = futures_util::stream::unfold(rx, |rx| async move {
@@ -77,6 +82,8 @@ impl Scripted {
         let app = Router::new()
             .route("/v1/models", get(models))
             .route("/v1/chat/completions", post(chat))
+            .route("/v1/responses", post(chat))
+            .route("/v1/custom/thing", post(chat))
             .with_state(st.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

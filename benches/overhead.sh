@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Gateway-overhead benchmark: switchyard vs direct-to-upstream vs nginx as a plain
+# reverse proxy, on loopback. A scripted benchmark, not a test.
+#
+#   benches/overhead.sh                    # 3 rounds x 5 s per phase (~2 min)
+#   ROUNDS=5 DURATION=10 benches/overhead.sh
+#   PEERS=1 benches/overhead.sh            # also sglang-router / vllm-router if installed
+#
+# Env: ROUNDS (3), DURATION seconds per phase (5), CONC high concurrency (64),
+#      WARMUP seconds per target (1), PROXY_WORKERS nginx proxy workers (nproc),
+#      SWITCHYARD_BIN (target/release/switchyard; built if missing), NO_INSTALL=1,
+#      PEERS=1 (pip-installs sglang-router and vllm-router into bench-out/peers-venv).
+# Output: a table on stdout, bench-out/overhead.md and bench-out/overhead.json.
+# Installs what is missing: nginx (apt), oha (cargo install --locked).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_install() { [[ "${NO_INSTALL:-0}" != 1 ]]; }
+
+if ! command -v nginx >/dev/null; then
+  need_install || { echo "nginx missing (apt-get install -y nginx)" >&2; exit 2; }
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null
+fi
+# apt's nginx may start a system instance on :80; we use our own on free loopback ports.
+if ! command -v oha >/dev/null; then
+  need_install || { echo "oha missing (cargo install oha --locked)" >&2; exit 2; }
+  cargo install oha --locked
+  export PATH="$HOME/.cargo/bin:$PATH"
+fi
+command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 2; }
+
+export SWITCHYARD_BIN="${SWITCHYARD_BIN:-$PWD/target/release/switchyard}"
+if [[ ! -x "$SWITCHYARD_BIN" ]]; then
+  cargo build --release
+fi
+
+if [[ "${PEERS:-0}" == 1 ]]; then
+  venv=bench-out/peers-venv
+  if [[ ! -x $venv/bin/python ]]; then
+    mkdir -p bench-out && python3 -m venv "$venv"
+  fi
+  # Best effort, bounded: a peer that fails to install is skipped by the driver.
+  timeout 300 "$venv/bin/pip" install -q sglang-router || echo "sglang-router did not install" >&2
+  timeout 300 "$venv/bin/pip" install -q vllm-router || echo "vllm-router did not install" >&2
+  exec "$venv/bin/python" benches/overhead.py
+fi
+# The driver starts every process itself and kills them by PID on exit (also on
+# SIGINT/SIGTERM); exec so signals reach it directly.
+exec python3 benches/overhead.py

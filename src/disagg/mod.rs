@@ -1,0 +1,339 @@
+//! Prefill/decode disaggregation: the gateway picks both workers and hands the
+//! request from one to the other, the way the engines expect it.
+//!
+//! - **vLLM (NIXL connector)**, sequential: the prefill worker gets the request with
+//!   `max_tokens: 1`, `stream: false` and `kv_transfer_params.do_remote_decode`; its
+//!   answer's `kv_transfer_params` go with the original request to the decode worker.
+//! - **SGLang**, concurrent: `bootstrap_host`, `bootstrap_port` and a random 63-bit
+//!   `bootstrap_room` are injected and the request goes to both at once; the decode
+//!   worker's response is streamed back.
+//!
+//! A decider keeps short prompts (few uncached tokens) on the aggregated path, as it
+//! does when no prefill or decode worker is available. A failed leg is retried with
+//! a fresh pair before anything reaches the client. TTFT includes both legs because
+//! it is measured from the request's arrival.
+
+use crate::config::{DisaggConfig, DisaggMode};
+use crate::pool::{Role, Worker};
+use crate::proxy::forward::{forward_aggregated, respond, send, ForwardContext, ROUTE_HEADER};
+use crate::proxy::GatewayError;
+use crate::routing::{rendezvous, Reason};
+use crate::telemetry::names;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderValue, Response};
+use http_body_util::{BodyExt, Limited};
+use metrics::{counter, histogram, SharedString};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// Approximate bytes per token for the decider's prompt estimate.
+const BYTES_PER_TOKEN: u64 = 4;
+
+/// Route one chat/completions request of a disaggregated pool.
+pub async fn forward(
+    ctx: &ForwardContext<'_>,
+    cfg: &DisaggConfig,
+) -> Result<Response<Body>, GatewayError> {
+    let workers = &ctx.route.workers;
+    let prompt_tokens = ctx
+        .info
+        .routing_text
+        .as_ref()
+        .map_or(0, |t| t.len() as u64 / BYTES_PER_TOKEN);
+    // The prefix index's prediction would refine this; without it, all uncached.
+    let uncached = prompt_tokens;
+    let any = |f: &dyn Fn(&Worker) -> bool| workers.iter().any(|w| w.is_available() && f(w));
+    let skip = if uncached < cfg.min_uncached_tokens {
+        Some("short_prompt")
+    } else if !any(&|w| w.role == Role::Prefill) {
+        Some("no_prefill_worker")
+    } else if !any(&|w| w.role != Role::Prefill) {
+        Some("no_decode_worker")
+    } else {
+        None
+    };
+    let pool = SharedString::from(ctx.route.pool.name.clone());
+    let mode = match cfg.mode {
+        DisaggMode::Vllm => "vllm",
+        DisaggMode::Sglang => "sglang",
+    };
+    counter!(names::DISAGG_DECISIONS_TOTAL, names::L_POOL => pool.clone(),
+        names::L_MODE => mode, names::L_REASON => skip.unwrap_or("disaggregated"))
+    .increment(1);
+    if skip.is_some() {
+        return forward_aggregated(ctx).await;
+    }
+    let body: Map<String, Value> = serde_json::from_slice(&ctx.body)
+        .map_err(|e| GatewayError::MalformedJson(e.to_string()))?;
+    ctx.route.pool.retry_budget.on_request();
+    let mut tried_prefill: Vec<usize> = Vec::new();
+    let mut tried_decode: Vec<usize> = Vec::new();
+    let mut last_err = None;
+    for attempt in 0..ctx.route.pool.config.max_attempts {
+        if attempt > 0 && !ctx.route.pool.retry_budget.try_retry() {
+            counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool.clone())
+                .increment(1);
+            break;
+        }
+        let Some(p) = pick_prefill(ctx, &tried_prefill) else {
+            break;
+        };
+        let Some(d) = pick_decode(ctx, &tried_decode) else {
+            break;
+        };
+        let result = match cfg.mode {
+            DisaggMode::Vllm => vllm(ctx, cfg, &body, p, d).await,
+            DisaggMode::Sglang => sglang(ctx, cfg, &body, p, d).await,
+        };
+        match result {
+            Ok(resp) => return Ok(resp),
+            Err(LegError { leg, err }) => {
+                counter!(names::DISAGG_LEG_FAILURES_TOTAL, names::L_POOL => pool.clone(),
+                    names::L_LEG => leg.as_str())
+                .increment(1);
+                tracing::warn!(leg = leg.as_str(), error = %err, "disaggregated leg failed");
+                match leg {
+                    Leg::Prefill => tried_prefill.push(p),
+                    Leg::Decode => tried_decode.push(d),
+                }
+                if !err.retryable() {
+                    return Err(err);
+                }
+                last_err = Some(err);
+            }
+        }
+    }
+    Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(ctx.route.model.to_string())))
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Leg {
+    Prefill,
+    Decode,
+}
+
+impl Leg {
+    fn as_str(self) -> &'static str {
+        match self {
+            Leg::Prefill => "prefill",
+            Leg::Decode => "decode",
+        }
+    }
+}
+
+struct LegError {
+    leg: Leg,
+    err: GatewayError,
+}
+
+fn leg(leg: Leg) -> impl FnOnce(GatewayError) -> LegError {
+    move |err| LegError { leg, err }
+}
+
+/// Prefill by the pool's policy (prefix affinity when configured) over prefill workers.
+fn pick_prefill(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
+    let ws = &ctx.route.workers;
+    let accept =
+        |i: usize| ws[i].role == Role::Prefill && ws[i].is_available() && !tried.contains(&i);
+    let req = ctx.route_request();
+    let d = ctx.route.policy.pick(&req, ws, &accept)?;
+    // The prompt's blocks are now on this prefill worker (prefix index).
+    ctx.route.policy.record(&d, &req, ws);
+    Some(d.index)
+}
+
+/// Decode by load: fewest requests in flight, ties broken by rendezvous hashing of
+/// the routing text so replicas agree.
+fn pick_decode(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
+    let ws = &ctx.route.workers;
+    let key = ctx
+        .info
+        .routing_text
+        .as_ref()
+        .map_or(0, |t| xxhash_rust::xxh3::xxh3_64(t));
+    let min = ws
+        .iter()
+        .enumerate()
+        .filter(|(i, w)| w.role != Role::Prefill && w.is_available() && !tried.contains(i))
+        .map(|(_, w)| w.in_flight())
+        .min()?;
+    rendezvous::pick(
+        key,
+        ws.iter()
+            .enumerate()
+            .filter(|(i, w)| {
+                w.role != Role::Prefill
+                    && w.is_available()
+                    && !tried.contains(i)
+                    && w.in_flight() == min
+            })
+            .map(|(i, w)| (i, w.id_hash)),
+    )
+}
+
+fn to_bytes(v: &Map<String, Value>) -> Bytes {
+    Bytes::from(serde_json::to_vec(v).expect("a JSON map serialises"))
+}
+
+fn leg_seconds(pool: &Arc<str>, leg: &'static str, since: Instant) {
+    histogram!(names::DISAGG_LEG_SECONDS, names::L_POOL => SharedString::from(pool.clone()),
+        names::L_LEG => leg)
+    .record(since.elapsed().as_secs_f64());
+}
+
+/// A status that means "try another worker" rather than "tell the client".
+fn retryable_status(s: http::StatusCode) -> bool {
+    s.is_server_error() || s.as_u16() == 429
+}
+
+async fn vllm(
+    ctx: &ForwardContext<'_>,
+    cfg: &DisaggConfig,
+    body: &Map<String, Value>,
+    p: usize,
+    d: usize,
+) -> Result<Response<Body>, LegError> {
+    let ws = &ctx.route.workers;
+    let deadline = ctx.deadline();
+    let pool = &ctx.route.pool.name;
+
+    // Leg 1: prefill only, one token, not streamed.
+    let mut pre = body.clone();
+    pre.insert(
+        "kv_transfer_params".into(),
+        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+    );
+    pre.insert("stream".into(), Value::Bool(false));
+    pre.remove("stream_options");
+    pre.insert("max_tokens".into(), json!(1));
+    if pre.contains_key("max_completion_tokens") {
+        pre.insert("max_completion_tokens".into(), json!(1));
+    }
+    let t0 = Instant::now();
+    let (resp, guard) = send(ctx, p, to_bytes(&pre), deadline)
+        .await
+        .map_err(leg(Leg::Prefill))?;
+    let status = resp.status();
+    if !status.is_success() {
+        if retryable_status(status) {
+            return Err(LegError {
+                leg: Leg::Prefill,
+                err: GatewayError::UpstreamFailed {
+                    worker: ws[p].id.clone(),
+                    detail: format!("prefill answered {status}"),
+                },
+            });
+        }
+        // The client's mistake (e.g. 400): show it the prefill worker's answer.
+        return Ok(respond(ctx, resp, p, Reason::Prefill, guard, deadline));
+    }
+    let limit = cfg.max_prefill_response_bytes;
+    let read =
+        tokio::time::timeout_at(deadline, Limited::new(resp.into_body(), limit).collect()).await;
+    drop(guard);
+    let failed = |detail: String| LegError {
+        leg: Leg::Prefill,
+        err: GatewayError::UpstreamFailed {
+            worker: ws[p].id.clone(),
+            detail,
+        },
+    };
+    let bytes = match read {
+        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(e)) => return Err(failed(format!("reading prefill answer: {e}"))),
+        Err(_) => return Err(failed("prefill answer timed out".into())),
+    };
+    #[derive(serde::Deserialize)]
+    struct PrefillAnswer {
+        kv_transfer_params: Option<Value>,
+    }
+    let kv = serde_json::from_slice::<PrefillAnswer>(&bytes)
+        .ok()
+        .and_then(|a| a.kv_transfer_params)
+        .filter(Value::is_object)
+        .ok_or_else(|| failed("prefill answer carries no kv_transfer_params".into()))?;
+    leg_seconds(pool, "prefill", t0);
+
+    // Leg 2: the original request, with the transfer parameters.
+    let mut dec = body.clone();
+    dec.insert("kv_transfer_params".into(), kv);
+    decode_leg(ctx, to_bytes(&dec), p, d).await
+}
+
+async fn decode_leg(
+    ctx: &ForwardContext<'_>,
+    body: Bytes,
+    p: usize,
+    d: usize,
+) -> Result<Response<Body>, LegError> {
+    let ws = &ctx.route.workers;
+    let deadline = ctx.deadline();
+    let t1 = Instant::now();
+    let (resp, guard) = send(ctx, d, body, deadline)
+        .await
+        .map_err(leg(Leg::Decode))?;
+    if retryable_status(resp.status()) {
+        return Err(LegError {
+            leg: Leg::Decode,
+            err: GatewayError::UpstreamFailed {
+                worker: ws[d].id.clone(),
+                detail: format!("decode answered {}", resp.status()),
+            },
+        });
+    }
+    leg_seconds(&ctx.route.pool.name, "decode_first_byte", t1);
+    let mut out = respond(ctx, resp, d, Reason::Decode, guard, deadline);
+    if ctx.debug_headers {
+        if let Ok(v) = HeaderValue::from_str(&format!("{}; prefill={}", ws[d].id, ws[p].id)) {
+            out.headers_mut().insert(ROUTE_HEADER, v);
+        }
+    }
+    Ok(out)
+}
+
+async fn sglang(
+    ctx: &ForwardContext<'_>,
+    cfg: &DisaggConfig,
+    body: &Map<String, Value>,
+    p: usize,
+    d: usize,
+) -> Result<Response<Body>, LegError> {
+    let ws = &ctx.route.workers;
+    let deadline = ctx.deadline();
+    let prefill = &ws[p];
+    let port = prefill
+        .labels
+        .get("bootstrap_port")
+        .and_then(|v| v.parse::<u16>().ok())
+        .unwrap_or(cfg.bootstrap_port);
+    let mut b = body.clone();
+    b.insert("bootstrap_host".into(), json!(prefill.authority.host()));
+    b.insert("bootstrap_port".into(), json!(port));
+    b.insert("bootstrap_room".into(), json!(rand::random::<u64>() >> 1));
+    let bytes = to_bytes(&b);
+    let t0 = Instant::now();
+    let (pre, dec) = tokio::join!(
+        send(ctx, p, bytes.clone(), deadline),
+        decode_leg(ctx, bytes, p, d)
+    );
+    let (pre_resp, pre_guard) = pre.map_err(leg(Leg::Prefill))?;
+    if retryable_status(pre_resp.status()) {
+        return Err(LegError {
+            leg: Leg::Prefill,
+            err: GatewayError::UpstreamFailed {
+                worker: prefill.id.clone(),
+                detail: format!("prefill answered {}", pre_resp.status()),
+            },
+        });
+    }
+    leg_seconds(&ctx.route.pool.name, "prefill", t0);
+    // The prefill worker's own answer is not for the client: drain it aside.
+    tokio::spawn(async move {
+        let _guard = pre_guard;
+        let _ = pre_resp.into_body().collect().await;
+    });
+    dec
+}

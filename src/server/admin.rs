@@ -1,0 +1,219 @@
+//! The admin API, on its own listener (loopback by default) and always behind a
+//! bearer token: list workers with live state, add/remove, drain/undrain, reload.
+
+use super::Gateway;
+use crate::api::ErrorBody;
+use crate::config::{normalize_worker_url, WorkerConfig};
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Start the admin listener if the config has one; returns its address.
+pub async fn spawn(gw: Arc<Gateway>) -> std::io::Result<Option<SocketAddr>> {
+    let Some(admin) = gw.registry.config().admin.clone() else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(admin.listen).await?;
+    let addr = listener.local_addr()?;
+    let app = router(gw);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "admin listener stopped");
+        }
+    });
+    Ok(Some(addr))
+}
+
+pub fn router(gw: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/admin/workers", get(list).post(add).delete(remove))
+        .route("/admin/workers/drain", post(drain))
+        .route("/admin/workers/undrain", post(undrain))
+        .route("/admin/reload", post(reload))
+        .layer(middleware::from_fn_with_state(gw.clone(), authenticate))
+        .with_state(gw)
+}
+
+fn error(status: StatusCode, msg: &str) -> Response {
+    let kind = if status == StatusCode::UNAUTHORIZED {
+        "authentication_error"
+    } else {
+        "invalid_request_error"
+    };
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        ErrorBody::new(msg, kind, None, None).to_bytes(),
+    )
+        .into_response()
+}
+
+/// Constant-time comparison, so the token cannot be guessed byte by byte.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn authenticate(State(gw): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    let config = gw.registry.config();
+    let Some(admin) = &config.admin else {
+        return error(StatusCode::NOT_FOUND, "admin API disabled");
+    };
+    let given = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(t) if same(t.as_bytes(), admin.token.as_bytes()) => next.run(req).await,
+        _ => error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong admin bearer token",
+        ),
+    }
+}
+
+#[derive(Serialize)]
+struct WorkerView {
+    url: String,
+    pool: String,
+    labels: BTreeMap<String, String>,
+    state: &'static str,
+    healthy: bool,
+    draining: bool,
+    overloaded: bool,
+    in_flight: u64,
+    requests: u64,
+    failures: u64,
+    consecutive_failures: u32,
+    ejections: u32,
+    discovered_models: Vec<String>,
+}
+
+/// `healthy`, `ejected`, `draining` or `overloaded`.
+pub fn state_name(w: &crate::pool::Worker) -> &'static str {
+    let s = &w.state;
+    if !s.healthy.load(Ordering::Relaxed) {
+        "ejected"
+    } else if s.draining.load(Ordering::Relaxed) {
+        "draining"
+    } else if s.health.overloaded.load(Ordering::Relaxed) {
+        "overloaded"
+    } else {
+        "healthy"
+    }
+}
+
+async fn list(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    let snap = gw.registry.snapshot();
+    let mut out = Vec::new();
+    for pool in &snap.pools {
+        for w in &pool.workers {
+            let s = &w.state;
+            out.push(WorkerView {
+                url: w.id.to_string(),
+                pool: pool.name.to_string(),
+                labels: w.labels.clone(),
+                state: state_name(w),
+                healthy: s.healthy.load(Ordering::Relaxed),
+                draining: s.draining.load(Ordering::Relaxed),
+                overloaded: s.health.overloaded.load(Ordering::Relaxed),
+                in_flight: s.in_flight.load(Ordering::Relaxed),
+                requests: s.requests.load(Ordering::Relaxed),
+                failures: s.failures.load(Ordering::Relaxed),
+                consecutive_failures: s.health.consecutive_failures.load(Ordering::Relaxed),
+                ejections: s.health.ejections.load(Ordering::Relaxed),
+                discovered_models: s.discovered_models.load().to_vec(),
+            });
+        }
+    }
+    Json(serde_json::json!({ "workers": out }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddWorker {
+    pool: String,
+    url: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ByUrl {
+    url: String,
+}
+
+async fn add(State(gw): State<Arc<Gateway>>, body: Json<AddWorker>) -> Response {
+    let url = match normalize_worker_url(&body.url) {
+        Ok(u) => u,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("url: {e}")),
+    };
+    let wc = WorkerConfig {
+        url: url.clone(),
+        labels: body.labels.clone(),
+        price_per_mtok: 0.0,
+    };
+    match gw.registry.add_worker(&body.pool, wc) {
+        Ok(()) => (
+            StatusCode::CREATED,
+            Json(serde_json::json!({ "added": url })),
+        )
+            .into_response(),
+        Err(e) => error(StatusCode::NOT_FOUND, &e),
+    }
+}
+
+async fn remove(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
+    let url = body.url.trim_end_matches('/');
+    if gw.registry.remove_worker(url) {
+        Json(serde_json::json!({ "removed": url })).into_response()
+    } else {
+        error(StatusCode::NOT_FOUND, &format!("no worker `{url}`"))
+    }
+}
+
+fn set_draining(gw: &Gateway, url: &str, on: bool) -> Response {
+    let url = url.trim_end_matches('/');
+    match gw.registry.worker_state(url) {
+        Some(s) if gw.registry.snapshot().workers().any(|w| &*w.id == url) => {
+            s.draining.store(on, Ordering::Relaxed);
+            Json(serde_json::json!({ "url": url, "draining": on, "in_flight": s.in_flight.load(Ordering::Relaxed) }))
+                .into_response()
+        }
+        _ => error(StatusCode::NOT_FOUND, &format!("no worker `{url}`")),
+    }
+}
+
+async fn drain(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
+    set_draining(&gw, &body.url, true)
+}
+
+async fn undrain(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
+    set_draining(&gw, &body.url, false)
+}
+
+async fn reload(State(gw): State<Arc<Gateway>>) -> Response {
+    match gw.reload() {
+        Ok(()) => Json(serde_json::json!({ "reloaded": true })).into_response(),
+        Err(e) => error(StatusCode::BAD_REQUEST, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn token_comparison() {
+        assert!(super::same(b"abcdefgh", b"abcdefgh"));
+        assert!(!super::same(b"abcdefgh", b"abcdefgi"));
+        assert!(!super::same(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,248 @@
+//! Prefill/decode disaggregation against simulated prefill and decode workers.
+
+mod support;
+
+use serde_json::json;
+use support::scripted::Scripted;
+use support::*;
+use switchyard::sim::{self, EngineKind, Faults, Role, SimConfig, SimHandle};
+use switchyard::telemetry::names;
+
+async fn worker(role: Role, engine: EngineKind) -> SimHandle {
+    sim::spawn(SimConfig {
+        role,
+        engine,
+        time_scale: 20.0,
+        ..SimConfig::profile("tiny").unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn pd_toml(name: &str, mode: &str, workers: &[(&str, &str)], extra: &str) -> String {
+    let ws: Vec<String> = workers
+        .iter()
+        .map(|(url, role)| format!("{{ url = \"{url}\", labels = {{ role = \"{role}\" }} }}"))
+        .collect();
+    format!(
+        "[[pools]]\nname = \"{name}\"\nmodels = [\"{}\"]\n{extra}\nworkers = [{}]\n[pools.disaggregation]\nmode = \"{mode}\"\nmin_uncached_tokens = 200\n",
+        sim_model(),
+        ws.join(", ")
+    )
+}
+
+fn long_chat(stream: bool, max_tokens: u32) -> serde_json::Value {
+    json!({"model": sim_model(), "stream": stream, "max_tokens": max_tokens,
+           "stream_options": {"include_usage": true},
+           "messages": [{"role": "system", "content": "a long shared document ".repeat(200)},
+                        {"role": "user", "content": "summarise"}]})
+}
+
+#[tokio::test]
+async fn vllm_decode_worker_receives_the_prefill_workers_transfer_params() {
+    let prefill = worker(Role::Prefill, EngineKind::Vllm).await;
+    let (decode, tx) = Scripted::start().await;
+    drop(tx);
+    let gw = gateway(&pd_toml(
+        "pd-params",
+        "vllm",
+        &[(&prefill.url(), "prefill"), (&decode.url, "decode")],
+        "",
+    ))
+    .await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&long_chat(false, 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let bodies = decode.recorded.lock().unwrap().bodies.clone();
+    assert_eq!(bodies.len(), 1);
+    let kv = &bodies[0]["kv_transfer_params"];
+    assert_eq!(kv["do_remote_prefill"], true, "{kv}");
+    assert_eq!(kv["remote_port"], prefill.addr().port());
+    assert!(!kv["remote_block_ids"].as_array().unwrap().is_empty());
+    // The decode leg carries the client's own max_tokens and stream flag.
+    assert_eq!(bodies[0]["max_tokens"], 5);
+    assert_eq!(prefill.requests_received(), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn vllm_style_streams_through_both_legs() {
+    let prefill = worker(Role::Prefill, EngineKind::Vllm).await;
+    let decode = worker(Role::Decode, EngineKind::Vllm).await;
+    let gw = gateway(&pd_toml(
+        "pd-stream",
+        "vllm",
+        &[(&prefill.url(), "prefill"), (&decode.url(), "decode")],
+        "",
+    ))
+    .await;
+    let (status, text) = stream_text(&gw.url(), long_chat(true, 6)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(text.matches("\"content\":\"").count() - 1, 6, "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    assert_eq!(
+        (prefill.requests_received(), decode.requests_received()),
+        (1, 1)
+    );
+    // A short prompt skips disaggregation: the decode worker does everything.
+    let (status, _) = stream_text(
+        &gw.url(),
+        json!({"model": sim_model(), "stream": true, "max_tokens": 3,
+               "messages": [{"role":"user","content":"hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        (prefill.requests_received(), decode.requests_received()),
+        (1, 2)
+    );
+    let m = scrape(&gw.url()).await;
+    let pool = [("pool", "pd-stream")];
+    let with = |k: &'static str, v: &'static str| [pool[0], (k, v)];
+    assert_eq!(
+        metric_sum(
+            &m,
+            names::DISAGG_DECISIONS_TOTAL,
+            &with("reason", "short_prompt")
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            names::DISAGG_DECISIONS_TOTAL,
+            &with("reason", "disaggregated")
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &m,
+            &format!("{}_count", names::DISAGG_LEG_SECONDS),
+            &with("leg", "prefill")
+        ),
+        1.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn failed_legs_are_retried_with_a_fresh_pair() {
+    let bad_prefill = worker(Role::Prefill, EngineKind::Vllm).await;
+    bad_prefill.set_faults(Faults {
+        error_rate: 1.0,
+        error_status: 500,
+        ..Default::default()
+    });
+    let good_prefill = worker(Role::Prefill, EngineKind::Vllm).await;
+    let dead_decode = worker(Role::Decode, EngineKind::Vllm).await;
+    dead_decode.kill();
+    let decode = worker(Role::Decode, EngineKind::Vllm).await;
+    let gw = gateway(&format!(
+        "[health]\ninterval_ms = 0\n{}",
+        pd_toml(
+            "pd-retry",
+            "vllm",
+            &[
+                (&bad_prefill.url(), "prefill"),
+                (&good_prefill.url(), "prefill"),
+                (&dead_decode.url(), "decode"),
+                (&decode.url(), "decode"),
+            ],
+            "max_attempts = 4",
+        )
+    ))
+    .await;
+    // Keep the live decode worker busier, so the dead one is chosen first.
+    let snap = gw.gateway.registry.snapshot();
+    let live = snap.workers().find(|w| *w.id == decode.url()).unwrap();
+    let busy = live.begin(None);
+    for _ in 0..4 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&long_chat(false, 4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 4);
+    }
+    drop(busy);
+    assert_eq!(decode.requests_received(), 4);
+    let m = scrape(&gw.url()).await;
+    let p = ("pool", "pd-retry");
+    assert!(
+        metric_sum(
+            &m,
+            names::DISAGG_LEG_FAILURES_TOTAL,
+            &[p, ("leg", "prefill")]
+        ) >= 1.0
+    );
+    assert!(
+        metric_sum(
+            &m,
+            names::DISAGG_LEG_FAILURES_TOTAL,
+            &[p, ("leg", "decode")]
+        ) >= 1.0
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_prefill_worker_means_the_decode_worker_does_everything() {
+    let prefill = worker(Role::Prefill, EngineKind::Vllm).await;
+    let decode = worker(Role::Decode, EngineKind::Vllm).await;
+    let gw = gateway(&pd_toml(
+        "pd-noprefill",
+        "vllm",
+        &[(&prefill.url(), "prefill"), (&decode.url(), "decode")],
+        "",
+    ))
+    .await;
+    for w in gw.gateway.registry.snapshot().workers() {
+        if w.role == switchyard::pool::Role::Prefill {
+            w.state
+                .draining
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let (status, text) = stream_text(&gw.url(), long_chat(true, 3)).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        (prefill.requests_received(), decode.requests_received()),
+        (0, 1)
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn sglang_style_sends_both_legs_at_once_with_a_bootstrap_room() {
+    let prefill = worker(Role::Prefill, EngineKind::Sglang).await;
+    let (decode, tx) = Scripted::start().await;
+    let gw = gateway(&pd_toml(
+        "pd-sglang",
+        "sglang",
+        &[(&prefill.url(), "prefill"), (&decode.url, "decode")],
+        "",
+    ))
+    .await;
+    let url = gw.url();
+    let req = tokio::spawn(async move { stream_text(&url, long_chat(true, 2)).await });
+    tx.send(r#"{"choices":[{"index":0,"delta":{"content":"x"}}]}"#.into())
+        .unwrap();
+    tx.send("[DONE]".into()).unwrap();
+    drop(tx);
+    let (status, text) = req.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(text.contains("\"content\":\"x\""), "{text}");
+    let body = decode.recorded.lock().unwrap().bodies[0].clone();
+    assert_eq!(body["bootstrap_host"], "127.0.0.1");
+    assert!(body["bootstrap_room"].as_u64().unwrap() < (1u64 << 63));
+    assert_eq!(prefill.requests_received(), 1);
+    gw.shutdown().await;
+}

@@ -1,0 +1,290 @@
+//! Resilience under injected faults: failover, ejection and re-admission, 429
+//! cooldown, fast failure when a pool is down, and the retry budget.
+
+mod support;
+
+use serde_json::json;
+use std::time::{Duration, Instant};
+use support::*;
+use switchyard::sim::Faults;
+use switchyard::telemetry::names;
+
+fn chat(model: &str, stream: bool, max_tokens: u32) -> serde_json::Value {
+    json!({"model": model, "stream": stream, "max_tokens": max_tokens,
+           "messages": [{"role":"user","content":"resilience"}]})
+}
+
+/// A worker killed in the middle of a run: requests that had not started streaming
+/// all succeed elsewhere; streams cut short end with an explicit error event.
+#[tokio::test]
+async fn killed_worker_loses_nothing_that_could_be_saved() {
+    let s = sims(3, 2.0).await;
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&pool_toml(
+        &model,
+        &[&u[0], &u[1], &u[2]],
+        "max_attempts = 3",
+    ))
+    .await;
+    let url = gw.url();
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let (url, model) = (url.clone(), model.clone());
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                let r = client()
+                    .post(format!("{url}/v1/chat/completions"))
+                    .json(&chat(&model, false, 40))
+                    .send()
+                    .await
+                    .unwrap();
+                (
+                    false,
+                    r.status().as_u16(),
+                    r.text().await.unwrap_or_default(),
+                )
+            } else {
+                let (st, text) = stream_text(&url, chat(&model, true, 40)).await;
+                (true, st, text)
+            }
+        }));
+        if i == 20 {
+            s[1].kill();
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut cut = 0;
+    for t in tasks {
+        let (stream, status, text) = t.await.unwrap();
+        assert_eq!(status, 200, "stream={stream}: {text}");
+        if stream {
+            let done = text.ends_with("data: [DONE]\n\n");
+            let errored = text.contains("data: {\"error\"");
+            assert!(done || errored, "stream truncated silently: {text}");
+            cut += usize::from(errored);
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&text).expect("complete JSON body");
+            assert_eq!(v["usage"]["completion_tokens"], 40);
+        }
+    }
+    let m = scrape(&url).await;
+    assert_eq!(
+        metric_sum(&m, names::STREAM_ERRORS_TOTAL, &[("worker", &u[1])]),
+        cut as f64,
+        "every cut stream is counted"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn hanging_worker_fails_over_within_first_byte_timeout() {
+    let s = sims(2, 20.0).await;
+    s[0].set_faults(Faults {
+        always: Some("hang".into()),
+        ..Default::default()
+    });
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[server]\n[server.timeouts]\nfirst_byte_ms = 300\n[health]\ninterval_ms = 0\n{}",
+        pool_toml(&model, &[&u[0], &u[1]], "policy = \"round_robin\"")
+    ))
+    .await;
+    for _ in 0..4 {
+        let t = Instant::now();
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 3))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+    assert!(
+        s[0].requests_received() >= 1,
+        "the hanging worker was tried"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn flapping_worker_is_ejected_then_readmitted_after_recovery() {
+    let s = sims(2, 20.0).await;
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[health]\ninterval_ms = 100\nbase_ejection_ms = 200\neject_after_failures = 2\n{}",
+        pool_toml(&model, &[&u[0], &u[1]], "")
+    ))
+    .await;
+    s[0].set_faults(Faults {
+        error_rate: 1.0,
+        error_status: 500,
+        health_fail: true,
+        ..Default::default()
+    });
+    for _ in 0..6 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "retried on the good worker");
+    }
+    let reg = gw.gateway.registry.clone();
+    let is_up = move |url: String| {
+        let reg = reg.clone();
+        move || {
+            let up = reg
+                .snapshot()
+                .workers()
+                .find(|w| *w.id == *url)
+                .unwrap()
+                .is_available();
+            async move { Some(up) }
+        }
+    };
+    eventually(Duration::from_secs(5), "worker ejected", {
+        let f = is_up(u[0].clone());
+        move || {
+            let fut = f();
+            async move { (!fut.await.unwrap()).then_some(()) }
+        }
+    })
+    .await;
+    let before = s[0].requests_received();
+    for _ in 0..5 {
+        client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 2))
+            .send()
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        s[0].requests_received(),
+        before,
+        "an ejected worker gets no traffic"
+    );
+    s[0].set_faults(Faults::default());
+    eventually(Duration::from_secs(10), "worker re-admitted", {
+        let f = is_up(u[0].clone());
+        move || {
+            let fut = f();
+            async move { fut.await.unwrap().then_some(()) }
+        }
+    })
+    .await;
+    let m = scrape(&gw.url()).await;
+    assert!(metric_sum(&m, names::EJECTIONS_TOTAL, &[("worker", &u[0])]) >= 1.0);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_429ing_worker_gets_its_traffic_moved_away() {
+    let s = sims(2, 20.0).await;
+    s[0].set_faults(Faults {
+        error_rate: 1.0,
+        error_status: 429,
+        ..Default::default()
+    });
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[health]\noverload_cooldown_ms = 5000\n{}",
+        pool_toml(&model, &[&u[0], &u[1]], "policy = \"round_robin\"")
+    ))
+    .await;
+    for _ in 0..20 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert!(
+        s[0].requests_received() <= 2,
+        "429 worker got {}",
+        s[0].requests_received()
+    );
+    assert_eq!(s[1].requests_received(), 20);
+    // Overloaded is not broken: it was not ejected.
+    let w = gw.gateway.registry.snapshot();
+    let w0 = w.workers().find(|w| *w.id == u[0]).unwrap();
+    assert!(w0.state.healthy.load(std::sync::atomic::Ordering::Relaxed));
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn whole_pool_down_answers_fast() {
+    let s = sims(2, 20.0).await;
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&pool_toml(&model, &[&u[0], &u[1]], "")).await;
+    for sim in &s {
+        sim.kill();
+    }
+    let t = Instant::now();
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 2))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    assert!(
+        statuses.iter().all(|s| *s == 502 || *s == 503),
+        "{statuses:?}"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn retry_budget_caps_attempts_during_an_outage() {
+    let s = sims(3, 20.0).await;
+    for sim in &s {
+        sim.set_faults(Faults {
+            error_rate: 1.0,
+            error_status: 500,
+            ..Default::default()
+        });
+    }
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[health]\ninterval_ms = 0\neject_after_failures = 100000\n{}",
+        pool_toml(
+            &model,
+            &[&u[0], &u[1], &u[2]],
+            "max_attempts = 3\nretry_budget_ratio = 0.1\nretry_budget_min = 0\nretry_backoff_ms = 0"
+        )
+    ))
+    .await;
+    for _ in 0..100 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500, "the worker's own error is passed through");
+    }
+    let attempts: u64 = s.iter().map(|s| s.requests_received()).sum();
+    // 100 first attempts + at most 10 % retries (without a budget: 300).
+    assert!(
+        (100..=111).contains(&attempts),
+        "attempts at the workers: {attempts}"
+    );
+    let m = scrape(&gw.url()).await;
+    assert!(metric_sum(&m, names::RETRY_BUDGET_EXHAUSTED_TOTAL, &[]) >= 80.0);
+    gw.shutdown().await;
+}
