@@ -46,7 +46,7 @@ pub async fn run(
                 .iter()
                 .map(|s| RawWorker {
                     url: s.url(),
-                    labels: Default::default(),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()

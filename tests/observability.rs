@@ -335,7 +335,9 @@ async fn dashboard_status_and_scaling_follow_the_load() {
         streams.push(tokio::spawn(async move {
             stream_text(
                 &u,
-                json!({"model": m, "stream": true, "max_tokens": 100,
+                // Long enough to stay in flight however slow the machine is;
+                // the test ends them once the scale-out is seen.
+                json!({"model": m, "stream": true, "max_tokens": 1500, "ignore_eos": true,
                        "messages": [{"role":"user","content": format!("long {i}")}]}),
             )
             .await
@@ -356,8 +358,7 @@ async fn dashboard_status_and_scaling_follow_the_load() {
         4.0
     );
     for st in streams {
-        let (code, _) = st.await.unwrap();
-        assert_eq!(code, 200);
+        st.abort();
     }
     // Idle again: back to one once the stabilisation window has passed.
     eventually(Duration::from_secs(10), "scale-in to 1", || {

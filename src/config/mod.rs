@@ -6,8 +6,8 @@ pub mod observability;
 mod raw;
 
 pub use raw::{
-    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawServer,
-    RawTimeouts, RawWorker,
+    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,
+    RawScorer, RawServer, RawTimeouts, RawWorker,
 };
 
 pub use observability::{ObservabilityConfig, TenancyConfig};
@@ -15,6 +15,7 @@ pub use observability::{ObservabilityConfig, TenancyConfig};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
@@ -67,20 +68,60 @@ pub const DEFAULT_DNS_INTERVAL_MS: u64 = 5_000;
 /// Label value standing for every value beyond a label's configured limit.
 pub const OTHER_LABEL: &str = "other";
 
+/// Default size of a prefix-index block, in approximate tokens.
+pub const DEFAULT_BLOCK_TOKENS: u32 = 64;
+/// Default bytes of routing text counted as one token.
+pub const DEFAULT_BYTES_PER_TOKEN: u32 = 4;
+/// Default bounded-load factor ε: spill when load > (1 + ε) × mean + slack.
+pub const DEFAULT_LOAD_EPSILON: f64 = 0.25;
+/// Default absolute slack of the load bound, in requests.
+pub const DEFAULT_LOAD_SLACK: f64 = 2.0;
+/// Default interval between two scrapes of a worker's `/metrics` (ms).
+pub const DEFAULT_STATS_INTERVAL_MS: u64 = 100;
+/// Smallest accepted `stats_interval_ms`.
+pub const MIN_STATS_INTERVAL_MS: u64 = 25;
+/// Default age after which a worker's stats count as stale (ms).
+pub const DEFAULT_STALE_AFTER_MS: u64 = 1_000;
+/// Default estimated queue (requests) under which a worker has headroom (`cost`).
+pub const DEFAULT_TARGET_QUEUE: f64 = 8.0;
+/// Default hard cap on (block, worker) pairs in one pool's prefix index.
+pub const DEFAULT_INDEX_MAX_BLOCKS: u64 = 1 << 20;
+/// Default per-worker index capacity (blocks) while `vllm:cache_config_info` is unknown.
+pub const DEFAULT_WORKER_BLOCKS: u64 = 16_384;
+
 /// Routing policies a pool can name. Their behaviour lives in `routing/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
     RoundRobin,
     Random,
+    LeastQueue,
+    Prefix,
+    Cost,
+    Session,
+    /// An explicit list of scorers with weights (`[pools.routing].scorers`).
+    Weighted,
 }
 
 impl PolicyKind {
-    pub const ALL: &'static [PolicyKind] = &[PolicyKind::RoundRobin, PolicyKind::Random];
+    pub const ALL: &'static [PolicyKind] = &[
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::LeastQueue,
+        PolicyKind::Prefix,
+        PolicyKind::Cost,
+        PolicyKind::Session,
+        PolicyKind::Weighted,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             PolicyKind::RoundRobin => "round_robin",
             PolicyKind::Random => "random",
+            PolicyKind::LeastQueue => "least_queue",
+            PolicyKind::Prefix => "prefix",
+            PolicyKind::Cost => "cost",
+            PolicyKind::Session => "session",
+            PolicyKind::Weighted => "weighted",
         }
     }
 
@@ -94,6 +135,217 @@ impl PolicyKind {
             .map(|p| p.as_str())
             .collect::<Vec<_>>()
             .join(", ")
+    }
+}
+
+/// Scorers a `weighted` pipeline can combine; each scores a worker in [0, 1].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScorerKind {
+    /// Fraction of the request's leading prefix blocks the worker recently served.
+    Prefix,
+    /// Lower estimated queue (waiting + running + local corrections) scores higher.
+    Queue,
+    /// Cheaper `price_per_mtok` scores higher.
+    Cost,
+    /// 1 for the rendezvous owner of the request's session key, else 0.
+    Session,
+    /// Lower KV-cache usage scores higher.
+    Kv,
+}
+
+impl ScorerKind {
+    pub const ALL: &'static [ScorerKind] = &[
+        ScorerKind::Prefix,
+        ScorerKind::Queue,
+        ScorerKind::Cost,
+        ScorerKind::Session,
+        ScorerKind::Kv,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScorerKind::Prefix => "prefix",
+            ScorerKind::Queue => "queue",
+            ScorerKind::Cost => "cost",
+            ScorerKind::Session => "session",
+            ScorerKind::Kv => "kv",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ScorerKind> {
+        Self::ALL.iter().copied().find(|p| p.as_str() == s)
+    }
+}
+
+/// Per-pool routing settings (`[pools.routing]`), validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoutingConfig {
+    /// Prefix block size in approximate tokens.
+    pub block_tokens: NonZeroU32,
+    /// Bytes of routing text per approximate token.
+    pub bytes_per_token: NonZeroU32,
+    /// Bounded-load factor ε (≥ 0).
+    pub load_epsilon: f64,
+    /// Absolute slack of the load bound, in requests (≥ 0).
+    pub load_slack: f64,
+    /// Interval between scrapes of each worker's `/metrics`.
+    pub stats_interval: Duration,
+    /// Stats older than this are stale: the worker is scored as fully loaded.
+    pub stale_after: Duration,
+    /// Honour the `x-switchyard-policy` request header.
+    pub allow_policy_override: bool,
+    /// `least_queue`: compare two random candidates instead of all.
+    pub power_of_two: bool,
+    /// `cost`: a worker whose estimated queue reaches this has no headroom.
+    pub target_queue: f64,
+    /// Hard cap on (block, worker) pairs in the pool's prefix index.
+    pub index_max_blocks: u64,
+    /// Per-worker index capacity while the worker's KV capacity is unknown.
+    pub default_worker_blocks: u64,
+    /// Only workers whose labels include all of these are eligible.
+    pub require_labels: BTreeMap<String, String>,
+    /// Scorers and weights of a `weighted` pool (empty for the presets).
+    pub scorers: Vec<(ScorerKind, f64)>,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            block_tokens: NonZeroU32::new(DEFAULT_BLOCK_TOKENS).expect("non-zero"),
+            bytes_per_token: NonZeroU32::new(DEFAULT_BYTES_PER_TOKEN).expect("non-zero"),
+            load_epsilon: DEFAULT_LOAD_EPSILON,
+            load_slack: DEFAULT_LOAD_SLACK,
+            stats_interval: Duration::from_millis(DEFAULT_STATS_INTERVAL_MS),
+            stale_after: Duration::from_millis(DEFAULT_STALE_AFTER_MS),
+            allow_policy_override: false,
+            power_of_two: false,
+            target_queue: DEFAULT_TARGET_QUEUE,
+            index_max_blocks: DEFAULT_INDEX_MAX_BLOCKS,
+            default_worker_blocks: DEFAULT_WORKER_BLOCKS,
+            require_labels: BTreeMap::new(),
+            scorers: Vec::new(),
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// Bytes of routing text per prefix block.
+    pub fn block_bytes(&self) -> usize {
+        self.block_tokens.get() as usize * self.bytes_per_token.get() as usize
+    }
+}
+
+impl RawRouting {
+    /// Validate, pushing problems prefixed with `key` (e.g. `pools[0].routing`).
+    fn validate(self, key: &str, policy: PolicyKind, problems: &mut Vec<String>) -> RoutingConfig {
+        let d = RoutingConfig::default();
+        let nz = |v: Option<u32>, name: &str, def: NonZeroU32, problems: &mut Vec<String>| match v {
+            None => def,
+            Some(v) => NonZeroU32::new(v).unwrap_or_else(|| {
+                problems.push(format!("{key}.{name}: must be at least 1"));
+                def
+            }),
+        };
+        let block_tokens = nz(self.block_tokens, "block_tokens", d.block_tokens, problems);
+        let bytes_per_token = nz(
+            self.bytes_per_token,
+            "bytes_per_token",
+            d.bytes_per_token,
+            problems,
+        );
+        let non_neg = |v: Option<f64>, name: &str, def: f64, problems: &mut Vec<String>| {
+            let v = v.unwrap_or(def);
+            if !(v.is_finite() && v >= 0.0) {
+                problems.push(format!(
+                    "{key}.{name}: must be a finite number >= 0 (got {v})"
+                ));
+                return def;
+            }
+            v
+        };
+        let load_epsilon = non_neg(self.load_epsilon, "load_epsilon", d.load_epsilon, problems);
+        let load_slack = non_neg(self.load_slack, "load_slack", d.load_slack, problems);
+        let target_queue = non_neg(self.target_queue, "target_queue", d.target_queue, problems);
+        let interval_ms = self.stats_interval_ms.unwrap_or(DEFAULT_STATS_INTERVAL_MS);
+        if interval_ms < MIN_STATS_INTERVAL_MS {
+            problems.push(format!(
+                "{key}.stats_interval_ms: must be at least {MIN_STATS_INTERVAL_MS} (got {interval_ms})"
+            ));
+        }
+        let interval_ms = interval_ms.max(MIN_STATS_INTERVAL_MS);
+        let stale_ms = self
+            .stale_after_ms
+            .unwrap_or(DEFAULT_STALE_AFTER_MS.max(interval_ms * 3));
+        if stale_ms <= interval_ms {
+            problems.push(format!(
+                "{key}.stale_after_ms: must be greater than stats_interval_ms ({interval_ms}), got {stale_ms}"
+            ));
+        }
+        let index_max_blocks = self.index_max_blocks.unwrap_or(DEFAULT_INDEX_MAX_BLOCKS);
+        if index_max_blocks == 0 {
+            problems.push(format!("{key}.index_max_blocks: must be at least 1"));
+        }
+        let default_worker_blocks = self.default_worker_blocks.unwrap_or(DEFAULT_WORKER_BLOCKS);
+        if default_worker_blocks == 0 {
+            problems.push(format!("{key}.default_worker_blocks: must be at least 1"));
+        }
+        let mut scorers = Vec::new();
+        match (&self.scorers, policy) {
+            (None, PolicyKind::Weighted) => problems.push(format!(
+                "{key}.scorers: policy `weighted` needs a list of scorers"
+            )),
+            (Some(_), p) if p != PolicyKind::Weighted => problems.push(format!(
+                "{key}.scorers: only valid with policy = \"weighted\" (this pool's policy is `{p}`)"
+            )),
+            _ => {}
+        }
+        for (i, s) in self.scorers.iter().flatten().enumerate() {
+            let Some(kind) = ScorerKind::parse(&s.name) else {
+                problems.push(format!(
+                    "{key}.scorers[{i}].name: unknown scorer `{}` (expected one of: {})",
+                    s.name,
+                    ScorerKind::ALL
+                        .iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                continue;
+            };
+            if !(s.weight.is_finite() && s.weight > 0.0) {
+                problems.push(format!(
+                    "{key}.scorers[{i}].weight: must be a finite number > 0 (got {})",
+                    s.weight
+                ));
+                continue;
+            }
+            if scorers.iter().any(|(k, _)| *k == kind) {
+                problems.push(format!(
+                    "{key}.scorers[{i}].name: scorer `{}` listed twice",
+                    s.name
+                ));
+                continue;
+            }
+            scorers.push((kind, s.weight));
+        }
+        if self.scorers.as_ref().is_some_and(|v| v.is_empty()) {
+            problems.push(format!("{key}.scorers: must not be empty"));
+        }
+        RoutingConfig {
+            block_tokens,
+            bytes_per_token,
+            load_epsilon,
+            load_slack,
+            stats_interval: Duration::from_millis(interval_ms),
+            stale_after: Duration::from_millis(stale_ms.max(interval_ms + 1)),
+            allow_policy_override: self.allow_policy_override.unwrap_or(false),
+            power_of_two: self.power_of_two.unwrap_or(false),
+            target_queue,
+            index_max_blocks: index_max_blocks.max(1),
+            default_worker_blocks: default_worker_blocks.max(1),
+            require_labels: self.require_labels,
+            scorers,
+        }
     }
 }
 
@@ -217,6 +469,8 @@ pub struct PoolConfig {
     /// Bearer token injected upstream (value resolved from the named env var).
     pub upstream_api_key: Option<String>,
     pub workers: Vec<WorkerConfig>,
+    /// Policy and stats settings (`[pools.routing]`).
+    pub routing: RoutingConfig,
     pub retry_budget_ratio: f64,
     pub retry_budget_min: u32,
     pub retry_backoff: Duration,
@@ -234,11 +488,13 @@ pub struct PoolConfig {
     pub kubernetes: Option<KubernetesConfig>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct WorkerConfig {
     /// Normalised base URL, no trailing slash: `http://host:port[/prefix]`.
     pub url: String,
     pub labels: BTreeMap<String, String>,
+    /// USD per 1M tokens (prompt + output); 0 when not configured.
+    pub price_per_mtok: f64,
 }
 
 /// Every problem found in a configuration, each naming its key path.
@@ -429,6 +685,9 @@ impl RawConfig {
                     }
                 },
             };
+            let routing = p
+                .routing
+                .validate(&format!("{key}.routing"), policy, &mut problems);
             let mut workers = Vec::new();
             let mut seen = HashSet::new();
             for (j, w) in p.workers.into_iter().enumerate() {
@@ -438,9 +697,16 @@ impl RawConfig {
                             problems
                                 .push(format!("{key}.workers[{j}].url: duplicate worker `{url}`"));
                         }
+                        let price = w.price_per_mtok.unwrap_or(0.0);
+                        if !(price.is_finite() && price >= 0.0) {
+                            problems.push(format!(
+                                "{key}.workers[{j}].price_per_mtok: must be a finite number >= 0 (got {price})"
+                            ));
+                        }
                         workers.push(WorkerConfig {
                             url,
                             labels: w.labels,
+                            price_per_mtok: price,
                         });
                     }
                     Err(e) => problems.push(format!("{key}.workers[{j}].url: {e}")),
@@ -511,6 +777,7 @@ impl RawConfig {
                 pass_client_auth: p.pass_client_auth.unwrap_or(false),
                 upstream_api_key,
                 workers,
+                routing,
                 retry_budget_ratio,
                 retry_budget_min: p.retry_budget_min.unwrap_or(DEFAULT_RETRY_BUDGET_MIN),
                 retry_backoff: Duration::from_millis(
@@ -871,5 +1138,103 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("pools[0].upstream_api_key_env"));
+    }
+
+    #[test]
+    fn routing_defaults_and_settings() {
+        let c = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            policy = "prefix"
+            workers = [{ url = "http://h:1", price_per_mtok = 0.5 }]
+            [pools.routing]
+            block_tokens = 32
+            stats_interval_ms = 50
+            allow_policy_override = true
+            require_labels = { region = "eu" }
+            "#,
+        )
+        .unwrap();
+        let p = &c.pools[0];
+        assert_eq!(p.policy, PolicyKind::Prefix);
+        assert_eq!(p.routing.block_bytes(), 32 * 4);
+        assert_eq!(p.routing.stats_interval, Duration::from_millis(50));
+        assert_eq!(
+            p.routing.stale_after,
+            Duration::from_millis(DEFAULT_STALE_AFTER_MS)
+        );
+        assert!(p.routing.allow_policy_override);
+        assert_eq!(p.routing.require_labels["region"], "eu");
+        assert_eq!(p.workers[0].price_per_mtok, 0.5);
+        let d = check("[[pools]]\nmodels=[\"m\"]\nworkers=[{url=\"http://h:1\"}]\n").unwrap();
+        assert_eq!(d.pools[0].routing, RoutingConfig::default());
+    }
+
+    #[test]
+    fn weighted_scorers_parse() {
+        let c = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            policy = "weighted"
+            workers = [{ url = "http://h:1" }]
+            [pools.routing]
+            scorers = [{ name = "prefix", weight = 1.0 }, { name = "queue", weight = 0.5 }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.pools[0].routing.scorers,
+            vec![(ScorerKind::Prefix, 1.0), (ScorerKind::Queue, 0.5)]
+        );
+    }
+
+    #[test]
+    fn routing_rejections_name_their_keys() {
+        let e = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            policy = "prefix"
+            workers = [{ url = "http://h:1", price_per_mtok = -1.0 }]
+            [pools.routing]
+            block_tokens = 0
+            load_epsilon = -0.5
+            stats_interval_ms = 10
+            stale_after_ms = 20
+            index_max_blocks = 0
+            scorers = [{ name = "queue", weight = 1.0 }]
+            [[pools]]
+            models = ["n"]
+            policy = "weighted"
+            workers = [{ url = "http://h:2" }]
+            [pools.routing]
+            scorers = [{ name = "vibes", weight = 1.0 }, { name = "queue", weight = 0.0 }]
+            [[pools]]
+            models = ["o"]
+            policy = "weighted"
+            workers = [{ url = "http://h:3" }]
+            "#,
+        )
+        .unwrap_err();
+        let all = e.to_string();
+        for needle in [
+            "pools[0].workers[0].price_per_mtok",
+            "pools[0].routing.block_tokens: must be at least 1",
+            "pools[0].routing.load_epsilon",
+            "pools[0].routing.stats_interval_ms: must be at least 25",
+            "pools[0].routing.stale_after_ms",
+            "pools[0].routing.index_max_blocks",
+            "pools[0].routing.scorers: only valid with policy = \"weighted\"",
+            "pools[1].routing.scorers[0].name: unknown scorer `vibes`",
+            "pools[1].routing.scorers[1].weight",
+            "pools[2].routing.scorers: policy `weighted` needs a list",
+        ] {
+            assert!(all.contains(needle), "missing `{needle}` in:\n{all}");
+        }
+        let e = check("[[pools]]\nmodels=[\"m\"]\nworkers=[{url=\"http://h:1\"}]\n[pools.routing]\nblok_tokens=3\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("blok_tokens"), "{e}");
     }
 }

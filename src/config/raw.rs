@@ -143,6 +143,38 @@ pub struct RawPool {
     pub lora_adapters: Vec<String>,
     /// Workers from Kubernetes: Ready pods matching a label selector in a namespace.
     pub kubernetes: Option<RawKubernetes>,
+    /// `[pools.routing]`: settings of the routing policy and the stats poller.
+    #[serde(default)]
+    pub routing: RawRouting,
+}
+
+/// `[pools.routing]`. Units in the names; defaults and meaning in `config/mod.rs`
+/// and `docs/routing.md`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouting {
+    pub block_tokens: Option<u32>,
+    pub bytes_per_token: Option<u32>,
+    pub load_epsilon: Option<f64>,
+    pub load_slack: Option<f64>,
+    pub stats_interval_ms: Option<u64>,
+    pub stale_after_ms: Option<u64>,
+    pub allow_policy_override: Option<bool>,
+    pub power_of_two: Option<bool>,
+    pub target_queue: Option<f64>,
+    pub index_max_blocks: Option<u64>,
+    pub default_worker_blocks: Option<u64>,
+    #[serde(default)]
+    pub require_labels: BTreeMap<String, String>,
+    pub scorers: Option<Vec<RawScorer>>,
+}
+
+/// One entry of `[pools.routing].scorers`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScorer {
+    pub name: String,
+    pub weight: f64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -193,4 +225,7 @@ pub struct RawWorker {
     pub url: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Price of this worker's tokens, USD per 1M tokens (prompt + output); the `cost`
+    /// policy prefers cheaper workers. Default 0.
+    pub price_per_mtok: Option<f64>,
 }

@@ -33,17 +33,19 @@ pub const SESSION_HEADER: &str = "x-session-id";
 pub const PRIORITY_HEADER: &str = "x-switchyard-priority";
 /// Debug header naming the chosen worker and the reason.
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
+/// Request header naming a policy to use instead of the pool's (honoured only when
+/// the pool sets `allow_policy_override`).
+pub const POLICY_HEADER: &str = "x-switchyard-policy";
 
 impl ForwardContext<'_> {
     pub(crate) fn route_request(&self) -> RouteRequest<'_> {
-        RouteRequest {
-            info: self.info,
-            session: self
-                .parts
+        RouteRequest::new(
+            self.info,
+            self.parts
                 .headers
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok()),
-        }
+        )
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -102,6 +104,22 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
     let deadline = ctx.deadline();
     let pool_label = SharedString::from(pool.name.clone());
     let limit = pool.config.max_concurrency_per_worker;
+    // The pool's policy, or the one the request names when the pool allows it.
+    let policy = match ctx
+        .parts
+        .headers
+        .get(POLICY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|name| route.override_policy(name))
+    {
+        Some(p) => {
+            telemetry::record_policy_override(&pool_label, p.name());
+            p
+        }
+        None => &*route.policy,
+    };
+    let prompt_tokens = ctx.info.routing_text.as_ref().map_or(0, |t| t.len() as u64)
+        / u64::from(pool.config.routing.bytes_per_token.get());
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
     pool.retry_budget.on_request();
@@ -116,7 +134,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         let accept =
             |i: usize| eligible(i, &tried) && (limit == 0 || route.workers[i].in_flight() < limit);
         let pick_start = Instant::now();
-        let decision = match route.policy.pick(&rreq, &route.workers, &accept) {
+        let decision = match policy.pick(&rreq, &route.workers, &accept) {
             Some(d) => d,
             None => {
                 let saturated = limit > 0 && (0..route.workers.len()).any(|i| eligible(i, &tried));
@@ -150,7 +168,9 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
             ctx.tags.add_waited(b.elapsed());
         }
         attempt += 1;
-        telemetry::record_decision(&pool_label, route.policy.name(), decision.reason.as_str());
+        telemetry::record_decision(&pool_label, policy.name(), decision.reason.as_str());
+        policy.record(&decision, &rreq, &route.workers);
+        let est_cost = policy.estimate_cost(&decision, &rreq);
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
         if ctx.tags.tracing() {
@@ -161,13 +181,14 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                 pick_start,
                 Instant::now(),
                 vec![
-                    ("switchyard.policy", route.policy.name().into()),
+                    ("switchyard.policy", policy.name().into()),
                     ("switchyard.reason", decision.reason.as_str().into()),
                     ("switchyard.worker", worker.id.as_ref().into()),
                 ],
                 false,
             );
         }
+        worker.state.stats.note_tokens(prompt_tokens);
 
         // Phases: prepare and send.
         match send(ctx, decision.index, ctx.body.clone(), deadline).await {
@@ -178,15 +199,26 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
                 }
+                if let Some(usd) = est_cost {
+                    telemetry::record_estimated_cost(&pool_label, usd);
+                }
                 // Phase: on response.
-                return Ok(respond(
-                    ctx,
-                    resp,
-                    decision.index,
-                    decision.reason,
-                    guard,
-                    deadline,
-                ));
+                let mut out = respond(ctx, resp, decision.index, decision.reason, guard, deadline);
+                if ctx.debug_headers {
+                    let mut v = format!(
+                        "{}; policy={}; reason={}",
+                        worker.id,
+                        policy.name(),
+                        decision.reason.as_str()
+                    );
+                    if let Some(usd) = est_cost {
+                        v.push_str(&format!("; est_cost_usd={usd:.9}"));
+                    }
+                    if let Ok(v) = HeaderValue::from_str(&v) {
+                        out.headers_mut().insert(ROUTE_HEADER, v);
+                    }
+                }
+                return Ok(out);
             }
             Err(err) => {
                 let retry = err.retryable();

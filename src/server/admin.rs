@@ -161,6 +161,7 @@ async fn add(State(gw): State<Arc<Gateway>>, body: Json<AddWorker>) -> Response 
     let wc = WorkerConfig {
         url: url.clone(),
         labels: body.labels.clone(),
+        price_per_mtok: 0.0,
     };
     match gw.registry.add_worker(&body.pool, wc) {
         Ok(()) => (

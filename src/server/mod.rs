@@ -57,6 +57,7 @@ impl Gateway {
         let registry = Registry::new(config);
         telemetry::hub::spawn_ticker(hub.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
+        pool::spawn_stats_poller(registry.clone(), client.clone());
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
         pool::spawn_k8s_discovery(&registry);

@@ -80,11 +80,34 @@ pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> 
         let id = SharedString::from(w.id.to_string());
         gauge!(names::WORKER_IN_FLIGHT, names::L_WORKER => id.clone())
             .set(w.state.in_flight.load(Ordering::Relaxed) as f64);
-        gauge!(names::WORKER_HEALTHY, names::L_WORKER => id).set(if w.is_available() {
+        gauge!(names::WORKER_HEALTHY, names::L_WORKER => id.clone()).set(if w.is_available() {
             1.0
         } else {
             0.0
         });
+        let st = &w.state.stats;
+        let now = crate::pool::stats::now_ms();
+        let load = st.load(w.in_flight(), now, u64::MAX);
+        gauge!(names::WORKER_QUEUE, names::L_WORKER => id.clone()).set(load.queue);
+        gauge!(names::WORKER_WAITING, names::L_WORKER => id.clone())
+            .set(st.waiting.load(Ordering::Relaxed) as f64);
+        gauge!(names::WORKER_RUNNING, names::L_WORKER => id.clone())
+            .set(st.running.load(Ordering::Relaxed) as f64);
+        gauge!(names::WORKER_KV_USAGE_RATIO, names::L_WORKER => id.clone()).set(load.kv_usage);
+        gauge!(names::WORKER_STATS_AGE_SECONDS, names::L_WORKER => id)
+            .set(st.age_ms(now).map_or(-1.0, |a| a as f64 / 1000.0));
+    }
+    for p in &snap.pools {
+        if let Some(ix) = &p.prefix_index {
+            let pool = SharedString::from(p.name.clone());
+            let m = ix.memory();
+            gauge!(names::PREFIX_INDEX_ENTRIES, names::L_POOL => pool.clone())
+                .set(m.entries as f64);
+            gauge!(names::PREFIX_INDEX_PAIRS, names::L_POOL => pool.clone()).set(m.pairs as f64);
+            gauge!(names::PREFIX_INDEX_BYTES, names::L_POOL => pool.clone()).set(m.bytes as f64);
+            counter!(names::PREFIX_INDEX_EVICTIONS_TOTAL, names::L_POOL => pool)
+                .absolute(m.evictions);
+        }
     }
     if let Some(hub) = hub {
         hub.refresh_gauges();
@@ -228,6 +251,29 @@ pub fn record_decision(pool: &SharedString, policy: &'static str, reason: &'stat
         names::L_POOL => pool.clone(),
         names::L_POLICY => policy,
         names::L_REASON => reason
+    )
+    .increment(1);
+}
+
+/// Record a failed `/metrics` scrape.
+pub fn record_stats_poll_error(worker: &SharedString) {
+    counter!(names::STATS_POLL_ERRORS_TOTAL, names::L_WORKER => worker.clone()).increment(1);
+}
+
+/// Add a routed request's estimated cost (USD) to the pool's total.
+pub fn record_estimated_cost(pool: &SharedString, usd: f64) {
+    if usd > 0.0 && usd.is_finite() {
+        counter!(names::ESTIMATED_COST_MICRODOLLARS_TOTAL, names::L_POOL => pool.clone())
+            .increment((usd * 1e6).round() as u64);
+    }
+}
+
+/// Record an honoured `x-switchyard-policy` override.
+pub fn record_policy_override(pool: &SharedString, policy: &'static str) {
+    counter!(
+        names::POLICY_OVERRIDES_TOTAL,
+        names::L_POOL => pool.clone(),
+        names::L_POLICY => policy
     )
     .increment(1);
 }

@@ -14,6 +14,19 @@ pub const STREAM_ERRORS_TOTAL: &str = "switchyard_stream_errors_total";
 pub const ROUTING_DECISIONS_TOTAL: &str = "switchyard_routing_decisions_total";
 pub const WORKER_IN_FLIGHT: &str = "switchyard_worker_in_flight";
 pub const WORKER_HEALTHY: &str = "switchyard_worker_healthy";
+pub const WORKER_QUEUE: &str = "switchyard_worker_queue";
+pub const WORKER_WAITING: &str = "switchyard_worker_waiting";
+pub const WORKER_RUNNING: &str = "switchyard_worker_running";
+pub const WORKER_KV_USAGE_RATIO: &str = "switchyard_worker_kv_usage_ratio";
+pub const WORKER_STATS_AGE_SECONDS: &str = "switchyard_worker_stats_age_seconds";
+pub const STATS_POLL_ERRORS_TOTAL: &str = "switchyard_stats_poll_errors_total";
+pub const PREFIX_INDEX_ENTRIES: &str = "switchyard_prefix_index_entries";
+pub const PREFIX_INDEX_PAIRS: &str = "switchyard_prefix_index_pairs";
+pub const PREFIX_INDEX_BYTES: &str = "switchyard_prefix_index_bytes";
+pub const PREFIX_INDEX_EVICTIONS_TOTAL: &str = "switchyard_prefix_index_evictions_total";
+pub const ESTIMATED_COST_MICRODOLLARS_TOTAL: &str =
+    "switchyard_routing_estimated_cost_microdollars_total";
+pub const POLICY_OVERRIDES_TOTAL: &str = "switchyard_routing_policy_overrides_total";
 pub const WORKER_STATE: &str = "switchyard_worker_state";
 pub const EJECTIONS_TOTAL: &str = "switchyard_worker_ejections_total";
 pub const EJECTIONS_REFUSED_TOTAL: &str = "switchyard_worker_ejections_refused_total";
@@ -117,6 +130,7 @@ pub fn describe() {
         "1 when the worker takes new requests, 0 when ejected or draining."
     );
     describe_observability();
+    describe_routing();
 }
 
 /// Help text for the observability and cost metrics (issue 6).
@@ -179,5 +193,59 @@ fn describe_observability() {
     describe_counter!(
         LABEL_OVERFLOW_TOTAL,
         "Label values mapped to `other` because the label's configured limit was reached."
+    );
+}
+
+/// Help text for the worker-stats and routing metrics (issue 4).
+fn describe_routing() {
+    describe_gauge!(
+        WORKER_QUEUE,
+        "Estimated requests queued or running on the worker as routing sees it: waiting + running from the last scrape, corrected by requests started and finished since."
+    );
+    describe_gauge!(
+        WORKER_WAITING,
+        "Waiting requests reported by the worker's last /metrics scrape."
+    );
+    describe_gauge!(
+        WORKER_RUNNING,
+        "Running requests reported by the worker's last /metrics scrape."
+    );
+    describe_gauge!(
+        WORKER_KV_USAGE_RATIO,
+        "KV-cache usage (0..1) reported by the worker's last /metrics scrape."
+    );
+    describe_gauge!(
+        WORKER_STATS_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the worker's last successful /metrics scrape (-1 if never scraped)."
+    );
+    describe_counter!(
+        STATS_POLL_ERRORS_TOTAL,
+        "Failed /metrics scrapes by worker (connect error, bad status, timeout, unknown dialect)."
+    );
+    describe_gauge!(
+        PREFIX_INDEX_ENTRIES,
+        "Distinct prefix blocks tracked by the pool's prefix index."
+    );
+    describe_gauge!(
+        PREFIX_INDEX_PAIRS,
+        "(block, worker) pairs held by the pool's prefix index; bounded by index_max_blocks."
+    );
+    describe_gauge!(
+        PREFIX_INDEX_BYTES,
+        Unit::Bytes,
+        "Estimated memory of the pool's prefix index (map capacity plus per-worker LRU rings)."
+    );
+    describe_counter!(
+        PREFIX_INDEX_EVICTIONS_TOTAL,
+        "(block, worker) pairs evicted from the pool's prefix index by the per-worker LRU bound."
+    );
+    describe_counter!(
+        ESTIMATED_COST_MICRODOLLARS_TOTAL,
+        "Estimated cost of routed requests in micro-USD: worker price_per_mtok × (prompt bytes / bytes_per_token + max_tokens)."
+    );
+    describe_counter!(
+        POLICY_OVERRIDES_TOTAL,
+        "Requests whose x-switchyard-policy header was honoured, by pool and policy."
     );
 }
