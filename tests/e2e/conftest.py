@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,7 @@ def engines():
 def supports_routing() -> tuple[bool, str]:
     """Whether this gateway binary has the stats poller and the `prefix` policy:
     `check-config` on a config that uses both."""
-    cfg = gateway_config([], "prefix", True).replace("workers = [\n  \n]", 'workers = [{ url = "http://127.0.0.1:9" }]')
+    cfg = gateway_config([SimpleNamespace(url="http://127.0.0.1:9")], "prefix", True)
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
         f.write(cfg)
     try:

@@ -47,9 +47,11 @@ with zipfile.ZipFile(whl) as z:
             continue
         print(req)
 PY
-# The e2e suite's own needs ride along (one resolver run).
+# The e2e suite's own needs ride along (one resolver run). constraints.txt pins every
+# package to the set this suite was last run with (pip freeze of a working install):
+# without it pip backtracks through torchvision releases and the install takes ~10 min.
 cat tests/e2e/requirements.txt >>"$tmp/requirements.txt"
-pip install -q -r "$tmp/requirements.txt"
+pip install -q -r "$tmp/requirements.txt" -c tests/e2e/constraints.txt
 pip install -q --no-deps "$whl"
 
 # Adjustment 2: metadata under the name `vllm`.

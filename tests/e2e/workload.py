@@ -39,7 +39,7 @@ class Workload:
     seed: int = 1
     groups: int = 8
     per_group: int = 8
-    prefix_words: int = 750
+    prefix_words: int = 520
     max_tokens: int = 4
 
     def requests(self) -> list[dict]:
@@ -205,6 +205,10 @@ def prefix_counters(metrics_urls: list[str]) -> tuple[float, float]:
         hits += total(t, "vllm:prefix_cache_hits_total")
         queries += total(t, "vllm:prefix_cache_queries_total")
     return hits, queries
+
+
+def requests_per_engine(metrics_urls: list[str]) -> list[float]:
+    return [total(scrape(u), "vllm:request_success_total") for u in metrics_urls]
 
 
 def hit_ratio_during(metrics_urls: list[str], fn) -> tuple[float, object]:
