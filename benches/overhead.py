@@ -480,7 +480,7 @@ def run(tmp: Path) -> int:
         {"config": {"rounds": ROUNDS, "duration_s": DURATION, "conc": CONC, "proxy_workers": PROXY_WORKERS}, "versions": versions, "table": table,
          "switchyard_rss_kib": [gw_rss0, gw_rss1], "switchyard_requests": gw_reqs}, indent=1))
     log(f"wrote {OUT_DIR / 'overhead.md'}")
-    plot(table, OUT_DIR / "overhead.svg")
+    plot(table, OUT_DIR / "overhead.png")
     return 1 if any(t["errors"] for t in table) else 0
 
 
@@ -511,7 +511,7 @@ def plot(table, path: Path) -> None:
     fig.suptitle(f"Proxy overhead in front of a fixed-response nginx upstream "
                  f"(medians of {ROUNDS} interleaved rounds, 2 shared CPUs)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=100)
     log(f"wrote {path}")
 
 

@@ -11,7 +11,7 @@
 #      SWITCHYARD_BIN (target/release/switchyard; built if missing), NO_INSTALL=1,
 #      PEERS=1 (pip-installs sglang-router, vllm-router and matplotlib into
 #      bench-out/peers-venv; versions: SGLANG_ROUTER_VERSION, VLLM_ROUTER_VERSION).
-# Output: a table on stdout, bench-out/overhead.md, .json and (with matplotlib) .svg.
+# Output: a table on stdout, bench-out/overhead.md, .json and (with matplotlib) .png.
 # Installs what is missing: nginx (apt), oha (cargo install --locked).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -170,7 +170,8 @@ stats_interval_ms = 250
     for peer in overhead.PEER_PACKAGES:
         if target.startswith(peer + "-"):
             policy = target[len(peer) + 1:]
-            url, proc = overhead.start_peer(peer, fleet.urls, policy=policy, ready_path="/health")
+            # /v1/models is proxied to a worker: 200 only once the router has a healthy one.
+            url, proc = overhead.start_peer(peer, fleet.urls, policy=policy, ready_path="/v1/models")
             return url, proc.popen
     raise ValueError(f"unknown target {target}")
 
@@ -252,7 +253,7 @@ def run(fleet, tmp: Path) -> int:
     stem = f"routing-peers-{FLEET}"
     (OUT_DIR / f"{stem}.md").write_text(md)
     (OUT_DIR / f"{stem}.json").write_text(json.dumps({"config": cfg, "versions": versions, "table": table}, indent=1))
-    plot(table, cfg, OUT_DIR / f"{stem}.svg")
+    plot(table, cfg, OUT_DIR / f"{stem}.png")
     return 1 if any(t["errors"] for t in table) else 0
 
 
@@ -301,7 +302,7 @@ def plot(table, cfg, path: Path) -> None:
     fig.suptitle(f"Routing quality on the {cfg['fleet']} fleet ({cfg['engines']} engines, "
                  f"{cfg['groups']} shared prefixes, medians of {cfg['rounds']} rounds)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, dpi=100)
     log(f"wrote {path}")
 
 

@@ -81,7 +81,7 @@ class Result:
 
 def stream_chat(base_url: str, model: str, messages: list[dict], max_tokens: int,
                 timeout: float = 120.0, headers: dict | None = None) -> tuple[float, float, int]:
-    """One streamed chat completion; returns (ttft_s, e2e_s, content chunks)."""
+    """One streamed chat completion; returns (ttft_s, e2e_s, chunks with a choice)."""
     body = json.dumps({
         "model": model, "messages": messages, "max_tokens": max_tokens, "stream": True,
         "ignore_eos": True, "temperature": 0,
@@ -102,14 +102,16 @@ def stream_chat(base_url: str, model: str, messages: list[dict], max_tokens: int
             obj = json.loads(data)
             if "error" in obj:
                 raise RuntimeError(f"error event: {obj['error']}")
-            for c in obj.get("choices") or []:
-                if (c.get("delta") or {}).get("content"):
-                    chunks += 1
-                    if ttft is None:
-                        ttft = time.monotonic() - t0
+            # First token: the first chunk with a choice. vLLM sends the role chunk when
+            # the first token comes out of prefill; with a random-weight model a token can
+            # also decode to no text yet (a partial UTF-8 sequence), so content may be "".
+            if obj.get("choices"):
+                chunks += 1
+                if ttft is None:
+                    ttft = time.monotonic() - t0
     e2e = time.monotonic() - t0
     if ttft is None:
-        raise RuntimeError("stream ended without content")
+        raise RuntimeError("stream ended without a choice")
     return ttft, e2e, chunks
 
 
