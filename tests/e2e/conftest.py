@@ -67,8 +67,9 @@ def start_gateway(engines):
         pytest.fail(f"{SWITCHYARD} missing: cargo build first")
     started: list[Gateway] = []
 
-    def start(policy: str, routing: bool = False, targets: list[Engine] | None = None) -> Gateway:
-        cfg = gateway_config(targets or engines, policy, routing)
+    def start(policy: str, routing: bool = False, targets: list[Engine] | None = None,
+              debug_headers: bool = False) -> Gateway:
+        cfg = gateway_config(targets or engines, policy, routing, debug_headers)
         try:
             gw = _start_gateway(cfg, LOG_DIR / f"gateway-{len(started)}-{policy}.log")
         except RuntimeError as e:

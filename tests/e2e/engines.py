@@ -157,11 +157,12 @@ class Gateway:
         return scrape(self.url + "/metrics")
 
 
-def gateway_config(engines: list[Engine], policy: str, routing: bool) -> str:
+def gateway_config(engines: list[Engine], policy: str, routing: bool, debug_headers: bool = False) -> str:
     workers = ",\n  ".join(f'{{ url = "{e.url}" }}' for e in engines)
     cfg = f"""
 [server]
 listen = "127.0.0.1:0"
+debug_headers = {str(debug_headers).lower()}
 
 [server.timeouts]
 connect_ms = 500

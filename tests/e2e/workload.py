@@ -41,10 +41,13 @@ class Workload:
     per_group: int = 8
     prefix_words: int = 520
     max_tokens: int = 4
+    # Which prefixes (prefix_text ids) to use; default range(groups).
+    group_ids: list[int] | None = None
 
     def requests(self) -> list[dict]:
         rng = random.Random(self.seed)
-        order = [g for g in range(self.groups) for _ in range(self.per_group)]
+        ids = self.group_ids if self.group_ids is not None else list(range(self.groups))
+        order = [g for g in ids for _ in range(self.per_group)]
         rng.shuffle(order)
         out = []
         for i, g in enumerate(order):
