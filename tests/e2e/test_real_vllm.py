@@ -23,11 +23,14 @@ from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, ROOT, stop
 from workload import Workload, hit_ratio_during, run_workload, samples, scrape, total
 
 # Minimum (prefix hit ratio − round-robin hit ratio), both from the engines' own
-# vllm:prefix_cache_{hits,queries}_total over the same-shaped workload. Measured
-# on this 2-core machine (docs/e2e.md): round_robin 0.2x-0.3x, prefix 0.7x-0.8x
-# over repeated runs. 0.25 leaves room for noise while still failing if prefix
-# affinity is lost (two ratios within a few points of each other).
-MIN_HIT_MARGIN = float(os.environ.get("E2E_MIN_HIT_MARGIN", "0.25"))
+# vllm:prefix_cache_{hits,queries}_total over the same requests. Measured on this
+# 2-core machine (docs/benchmarks.md#real-vllm): on the balanced 4/4 prefix set this
+# test uses, prefix 0.819 vs round_robin 0.366 (margin 0.45; the ceiling for 8 cold
+# prompts in 48 requests is ~0.81); with an unbalanced 5/3 placement (routing_peers,
+# 3 rounds) prefix 0.720–0.728 vs round_robin 0.361–0.402 (margins 0.33–0.36).
+# 0.30 is below every measured margin, yet fails if affinity is lost (the two ratios
+# would then be within a few points of each other).
+MIN_HIT_MARGIN = float(os.environ.get("E2E_MIN_HIT_MARGIN", "0.30"))
 RESULTS = Path(os.environ.get("E2E_RESULTS", ROOT / "bench-out/e2e/results.json"))
 NEEDS_ROUTING = "gateway binary has no stats poller / `prefix` policy (branch `routing` not merged)"
 
