@@ -39,13 +39,15 @@ pub struct Gateway {
 impl Gateway {
     /// Build the gateway state and start its background tasks (model discovery).
     pub async fn start(config: Config) -> Arc<Gateway> {
+        // The recorder first: building the registry's snapshot resolves per-(model,
+        // worker) metric handles, which are no-ops if no recorder is installed yet.
+        let metrics = telemetry::install();
+        telemetry::spawn_upkeep(metrics.clone());
         let client = UpstreamClient::new(config.server.timeouts.connect);
         let registry = Registry::new(config);
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
-        let metrics = telemetry::install();
-        telemetry::spawn_upkeep(metrics.clone());
         Arc::new(Gateway {
             registry,
             client,
