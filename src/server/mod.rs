@@ -42,9 +42,13 @@ pub struct Gateway {
 
 impl Gateway {
     /// Build the gateway state and start its background tasks (model, DNS and Kubernetes
-    /// discovery, health checks).
+    /// discovery, health checks, stats poller, telemetry).
     /// Fails only if the upstream TLS trust store cannot be built.
     pub async fn start(config: Config) -> std::io::Result<Arc<Gateway>> {
+        // The recorder first: building the registry's snapshot resolves per-(model,
+        // worker) metric handles, which are no-ops if no recorder is installed yet.
+        let metrics = telemetry::install();
+        telemetry::spawn_upkeep(metrics.clone());
         let ca_files: Vec<String> = config
             .pools
             .iter()
@@ -61,8 +65,6 @@ impl Gateway {
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
         pool::spawn_k8s_discovery(&registry);
-        let metrics = telemetry::install();
-        telemetry::spawn_upkeep(metrics.clone());
         Ok(Arc::new(Gateway {
             registry,
             client,

@@ -1,0 +1,284 @@
+"""Switchyard in front of two real vLLM CPU engines serving a tiny random-weight
+Llama (see docs/e2e.md). Tests run in file order; the failover test kills an
+engine and therefore comes last.
+
+Tests that need the stats poller and the `prefix` policy (branch `routing`) skip
+with that reason when the gateway binary rejects `policy = "prefix"`; everything
+else fails loudly on any problem, including a missing install."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+from openai import OpenAI
+
+from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, ROOT, stop
+from workload import Workload, hit_ratio_during, run_workload, samples, scrape, total
+
+# Minimum (prefix hit ratio − round-robin hit ratio), both from the engines' own
+# vllm:prefix_cache_{hits,queries}_total over the same requests. Measured on this
+# 2-core machine (docs/benchmarks.md#real-vllm): on the balanced 4/4 prefix set this
+# test uses, prefix 0.819 vs round_robin 0.366 (margin 0.45; the ceiling for 8 cold
+# prompts in 48 requests is ~0.81); with an unbalanced 5/3 placement (routing_peers,
+# 3 rounds) prefix 0.720–0.728 vs round_robin 0.361–0.402 (margins 0.33–0.36).
+# 0.30 is below every measured margin, yet fails if affinity is lost (the two ratios
+# would then be within a few points of each other).
+MIN_HIT_MARGIN = float(os.environ.get("E2E_MIN_HIT_MARGIN", "0.30"))
+RESULTS = Path(os.environ.get("E2E_RESULTS", ROOT / "bench-out/e2e/results.json"))
+NEEDS_ROUTING = "gateway binary has no stats poller / `prefix` policy (branch `routing` not merged)"
+
+
+def record(key: str, value) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data[key] = value
+    RESULTS.write_text(json.dumps(data, indent=1))
+
+
+@pytest.fixture(scope="module")
+def rr_gateway(start_gateway):
+    return start_gateway("round_robin")
+
+
+@pytest.fixture(scope="module")
+def client(rr_gateway):
+    return OpenAI(base_url=f"{rr_gateway.url}/v1", api_key="sk-e2e", max_retries=0, timeout=120)
+
+
+def test_engines_expose_the_metrics_the_poller_reads(engines):
+    for e in engines:
+        t = scrape(e.metrics_url)
+        for name in ("vllm:num_requests_waiting", "vllm:num_requests_running",
+                     "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total",
+                     "vllm:prefix_cache_queries_total"):
+            assert samples(t, name), f"{e.name}: no {name} in /metrics"
+        info = samples(t, "vllm:cache_config_info")
+        assert info, f"{e.name}: no vllm:cache_config_info"
+        labels = info[0][0]
+        assert int(labels["num_gpu_blocks"]) == KV_BLOCKS, labels
+        assert int(labels["block_size"]) == BLOCK_SIZE, labels
+        assert labels.get("enable_prefix_caching") == "True", labels
+
+
+def test_models_through_the_gateway(client):
+    assert MODEL in [m.id for m in client.models.list()]
+
+
+def test_openai_sdk_non_streaming(client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say something."}],
+        max_tokens=8, extra_body={"ignore_eos": True},
+    )
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.usage.completion_tokens == 8
+    assert r.usage.prompt_tokens > 3
+
+
+def test_openai_sdk_streaming_with_usage(client):
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Stream please."}],
+        max_tokens=12, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    pieces, usage = [], None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage:
+            usage = chunk.usage
+    assert usage is not None and usage.completion_tokens == 12
+    assert len(pieces) >= 2, pieces  # streamed in several chunks, not one
+    assert usage.prompt_tokens > 3
+
+
+def test_openai_sdk_completions_and_errors(client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=5,
+                                  extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.usage.completion_tokens == 5
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model",
+                                       messages=[{"role": "user", "content": "x"}], max_tokens=1)
+
+
+def test_gateway_records_ttft_itl_and_tokens(client, rr_gateway):
+    for _ in range(2):
+        for _ in client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Count."}], max_tokens=6,
+            stream=True, extra_body={"ignore_eos": True},
+        ):
+            pass
+    m = rr_gateway.metrics()
+    assert total(m, "switchyard_ttft_seconds_count") >= 2, "no TTFT samples"
+    assert total(m, "switchyard_itl_seconds_count") >= 10, "no inter-token latency samples"
+    assert total(m, "switchyard_ttft_seconds_sum") > 0
+    assert total(m, "switchyard_tokens_total") > 0, "no token usage recorded"
+
+
+def test_stats_poller_reads_real_vllm_metrics(engines, start_gateway, routing_supported):
+    if not routing_supported:
+        pytest.skip(NEEDS_ROUTING)
+    gw = start_gateway("least_queue", routing=True)
+    wl = Workload(seed=11, groups=4, per_group=3, prefix_words=400, max_tokens=24)
+    seen = {"queue": 0.0, "running": 0.0, "kv": 0.0}
+    done = threading.Event()
+    res_box = {}
+
+    def load():
+        res_box["r"] = run_workload(gw.url, MODEL, wl, concurrency=4, deadline_s=240)
+        done.set()
+
+    th = threading.Thread(target=load, daemon=True)
+    th.start()
+    end = time.monotonic() + 240
+    while not done.is_set() and time.monotonic() < end:
+        m = gw.metrics()
+        seen["queue"] = max(seen["queue"], total(m, "switchyard_worker_queue"))
+        seen["running"] = max(seen["running"], total(m, "switchyard_worker_running"))
+        seen["kv"] = max([seen["kv"]] + [v for _, v in samples(m, "switchyard_worker_kv_usage_ratio")])
+        time.sleep(0.05)
+    th.join(timeout=30)
+    assert not res_box["r"].errors, res_box["r"].errors[:3]
+    m = gw.metrics()
+    ages = samples(m, "switchyard_worker_stats_age_seconds")
+    assert len(ages) == 2 and all(0 <= v < 2 for _, v in ages), ages
+    # A busy CPU engine can answer /metrics later than the poller's timeout (4 intervals);
+    # such scrapes count as errors and the stats age, which is what the age check bounds.
+    seen["poll_errors"] = total(m, "switchyard_stats_poll_errors_total")
+    record("poller", seen)
+    assert seen["running"] >= 1, f"poller never saw a running request: {seen}"
+    assert seen["kv"] > 0, f"poller never saw KV usage: {seen}"
+
+
+def _reset_prefix_caches(engines) -> None:
+    for e in engines:
+        req = urllib.request.Request(e.url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200
+
+
+def _balanced_prefixes(gw, engines, seed: int, per_engine: int, candidates: int) -> list[int]:
+    """Prefix ids that the `prefix` policy places `per_engine` on each engine.
+
+    Where a new prefix goes is rendezvous hashing of its first blocks over the worker
+    URLs, whose ports differ on every run; with 8 prefixes on 2 engines a 6/2 split or
+    worse happens in ~29 % of runs, and the engine holding 6 then thrashes whatever the
+    policy. This test is about affinity, so it picks a 4/4 set: it asks a throw-away
+    gateway (same URLs, so the same placement) where the first ~1 KB of each candidate
+    prefix would go — enough for the placement key (the first 4 blocks of 256 bytes) —
+    using the debug route header. Placement balance itself is measured by
+    benches/routing_peers.py (docs/benchmarks.md)."""
+    from workload import WORDS, prefix_text
+    by_engine: dict[str, list[int]] = {e.url: [] for e in engines}
+    for g in range(candidates):
+        head = prefix_text(seed, g, 520)[:1200]
+        body = json.dumps({"model": MODEL, "max_tokens": 1, "messages": [
+            {"role": "system", "content": head}, {"role": "user", "content": WORDS[0]}]}).encode()
+        req = urllib.request.Request(gw.url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            route = r.headers["x-switchyard-route"]
+        worker = route.split(";")[0].strip().rstrip("/")
+        by_engine[worker].append(g)
+    picked = []
+    for url, gs in by_engine.items():
+        assert len(gs) >= per_engine, f"only {len(gs)} of {candidates} candidates placed on {url}"
+        picked += gs[:per_engine]
+    return picked
+
+
+def test_prefix_policy_beats_round_robin_on_real_prefix_cache_hits(engines, start_gateway,
+                                                                   routing_supported):
+    if not routing_supported:
+        pytest.skip(NEEDS_ROUTING)
+    urls = [e.metrics_url for e in engines]
+    seed = 21
+    probe = start_gateway("prefix", routing=True, debug_headers=True)
+    groups = _balanced_prefixes(probe, engines, seed, per_engine=4, candidates=24)
+    stop(probe.proc)
+    out = {"prefix_ids": groups}
+    # The same requests under each policy, from empty engine caches.
+    for policy in ("round_robin", "prefix"):
+        gw = start_gateway(policy, routing=True)
+        _reset_prefix_caches(engines)
+        wl = Workload(seed=seed, groups=len(groups), per_group=6, prefix_words=520, max_tokens=4,
+                      group_ids=groups)
+        ratio, res = hit_ratio_during(urls, lambda: run_workload(gw.url, MODEL, wl, concurrency=2,
+                                                                   deadline_s=300))
+        assert not res.errors, res.errors[:3]
+        out[policy] = {"hit_ratio": round(ratio, 3), **{k: round(v, 1) for k, v in res.summary().items()}}
+        print(f"\n[e2e] {policy}: {out[policy]}", flush=True)
+    record("prefix_vs_round_robin", out)
+    margin = out["prefix"]["hit_ratio"] - out["round_robin"]["hit_ratio"]
+    assert margin >= MIN_HIT_MARGIN, (
+        f"prefix hit ratio {out['prefix']['hit_ratio']} vs round_robin "
+        f"{out['round_robin']['hit_ratio']}: margin {margin:.3f} < {MIN_HIT_MARGIN}")
+
+
+def test_failover_when_an_engine_is_killed_mid_run(engines, start_gateway):
+    """Closed loop of non-streamed requests through a round_robin gateway; one engine is
+    SIGKILLed (API server and engine core) part-way. Only requests in flight on the
+    killed engine at that instant may fail; every request started after it succeeds."""
+    gw = start_gateway("round_robin")
+    victim = engines[1]
+    total_requests, kill_after = 40, 10
+    lock = threading.Lock()
+    results: list[tuple[float, float, bool, str]] = []  # (start, end, ok, err)
+    counter = iter(range(total_requests))
+    kill_at = {}
+
+    def one(i: int) -> None:
+        body = json.dumps({"model": MODEL, "max_tokens": 8, "ignore_eos": True,
+                           "messages": [{"role": "user", "content": f"request {i}"}]}).encode()
+        req = urllib.request.Request(gw.url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.monotonic()
+        ok, err = False, ""
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                j = json.loads(r.read())
+                ok = r.status == 200 and j["usage"]["completion_tokens"] == 8
+        except Exception as e:  # noqa: BLE001 - every failure is a data point
+            err = repr(e)[:200]
+        with lock:
+            results.append((t0, time.monotonic(), ok, err))
+            if sum(1 for r in results if r[2]) == kill_after and "t" not in kill_at:
+                kill_at["t"] = time.monotonic()
+                victim.kill()
+
+    def worker():
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                return
+            one(i)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert "t" in kill_at, "the engine was never killed"
+    assert not victim.alive()
+    kt = kill_at["t"]
+    after = [r for r in results if r[0] > kt]
+    straddling = [r for r in results if r[0] <= kt < r[1]]
+    failed = [r for r in results if not r[2]]
+    record("failover", {"requests": len(results), "started_after_kill": len(after),
+                        "in_flight_at_kill": len(straddling), "failed": len(failed)})
+    assert len(results) == total_requests
+    assert all(r[2] for r in after), [r[3] for r in after if not r[2]]
+    assert len(failed) <= len(straddling), [r[3] for r in failed]
+    assert len(after) >= 20
+    # The gateway stays ready with one engine left and marks the dead one.
+    with urllib.request.urlopen(gw.url + "/ready", timeout=5) as r:
+        assert r.status == 200
