@@ -61,11 +61,18 @@ pub struct Snapshot {
     pub pools: Vec<Arc<PoolRuntime>>,
     /// Model names and aliases → route.
     pub routes: HashMap<String, Arc<ModelRoute>>,
+    /// Pool name → the route of its first model (fallback chains land there).
+    pub by_pool: HashMap<String, Arc<ModelRoute>>,
 }
 
 impl Snapshot {
     pub fn route(&self, model: &str) -> Option<&Arc<ModelRoute>> {
         self.routes.get(model)
+    }
+
+    /// The route a fallback to `pool` uses.
+    pub fn pool_route(&self, pool: &str) -> Option<&Arc<ModelRoute>> {
+        self.by_pool.get(pool)
     }
 
     /// Names clients may request, sorted (aliases included).
@@ -123,6 +130,7 @@ impl Registry {
                 config: config.clone(),
                 pools: Vec::new(),
                 routes: HashMap::new(),
+                by_pool: HashMap::new(),
             }),
             config: ArcSwap::new(config),
             states: DashMap::new(),
@@ -217,6 +225,7 @@ impl Registry {
         let config = self.config.load_full();
         let mut pools = Vec::new();
         let mut routes: HashMap<String, Arc<ModelRoute>> = HashMap::new();
+        let mut by_pool: HashMap<String, Arc<ModelRoute>> = HashMap::new();
         for pc in &config.pools {
             let mut worker_cfgs: Vec<WorkerConfig> = pc.workers.clone();
             // Admin-added workers are keyed by the pool name, discovered ones by
@@ -316,6 +325,11 @@ impl Registry {
                     served.push((m.clone(), workers.clone()));
                 }
             }
+            // LoRA adapters: routed like models (the name seeds prefix hashes too) and
+            // forwarded unchanged, since the engine serves the adapter by that name.
+            for a in &pc.lora_adapters {
+                served.push((a.clone(), workers.clone()));
+            }
             for (model, ws) in served {
                 if routes.contains_key(&model) {
                     // A discovered name already served by an earlier pool: first pool wins.
@@ -363,6 +377,9 @@ impl Registry {
                     metrics,
                 });
                 routes.insert(model.clone(), route.clone());
+                by_pool
+                    .entry(pc.name.clone())
+                    .or_insert_with(|| route.clone());
                 if pc.models.first() == Some(&model) {
                     for a in &pc.aliases {
                         routes.insert(a.clone(), route.clone());
@@ -375,6 +392,7 @@ impl Registry {
             config,
             pools,
             routes,
+            by_pool,
         }));
     }
 }

@@ -89,6 +89,18 @@ impl GatewayError {
         )
     }
 
+    /// May another pool (a fallback) serve the request instead? Nothing reached the
+    /// client, and the failure was the pool's (down, saturated, upstream errors).
+    pub fn falls_back(&self) -> bool {
+        self.retryable()
+            || matches!(
+                self,
+                GatewayError::NoHealthyWorker(_)
+                    | GatewayError::QueueFull(_)
+                    | GatewayError::QueueTimeout(_)
+            )
+    }
+
     fn openai_type(&self) -> &'static str {
         use GatewayError::*;
         match self {

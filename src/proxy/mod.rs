@@ -12,3 +12,20 @@ pub mod retry_budget;
 pub use client::{UpstreamBody, UpstreamClient};
 pub use error::GatewayError;
 pub use forward::{forward, ForwardContext, POLICY_HEADER, ROUTE_HEADER, SESSION_HEADER};
+
+/// The body with `model` replaced, for pools whose upstream knows the model under
+/// another name (external providers); unchanged (no copy) otherwise.
+pub fn rewrite_model(
+    body: &bytes::Bytes,
+    upstream_model: Option<&str>,
+) -> Result<bytes::Bytes, GatewayError> {
+    let Some(name) = upstream_model else {
+        return Ok(body.clone());
+    };
+    let mut v: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|e| GatewayError::MalformedJson(e.to_string()))?;
+    v.insert("model".into(), serde_json::Value::String(name.to_string()));
+    serde_json::to_vec(&v)
+        .map(bytes::Bytes::from)
+        .map_err(|e| GatewayError::MalformedJson(e.to_string()))
+}

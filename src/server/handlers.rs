@@ -71,21 +71,47 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
                 false,
             );
         }
-        proxy::forward(ForwardContext {
-            client: &gw.client,
-            route,
-            parts: &parts,
-            body,
-            info: &info,
-            endpoint,
-            request_id: &request_id,
-            timeouts: server.timeouts,
-            health: &snap.config.health,
-            debug_headers: server.debug_headers,
-            start,
-            tags: &tags,
-        })
-        .await
+        // The route's pool first, then its fallback chain while nothing has reached
+        // the client and the failure is one another pool could fix.
+        let mut route = route;
+        let mut visited: Vec<&str> = Vec::new();
+        loop {
+            let result = proxy::forward(ForwardContext {
+                client: &gw.client,
+                route,
+                parts: &parts,
+                body: proxy::rewrite_model(&body, route.pool.config.upstream_model.as_deref())?,
+                info: &info,
+                endpoint,
+                request_id: &request_id,
+                timeouts: server.timeouts,
+                health: &snap.config.health,
+                debug_headers: server.debug_headers,
+                start,
+                tags: &tags,
+            })
+            .await;
+            let err = match result {
+                Err(e) if e.falls_back() => e,
+                other => return other,
+            };
+            visited.push(&route.pool.name);
+            let next = route
+                .pool
+                .config
+                .fallback
+                .iter()
+                .filter(|p| !visited.contains(&p.as_str()))
+                .find_map(|p| snap.pool_route(p));
+            match next {
+                Some(n) => {
+                    tracing::info!(from = %route.pool.name, to = %n.pool.name, error = %err, "falling back");
+                    telemetry::record_fallback(&route.pool.name, &n.pool.name);
+                    route = n;
+                }
+                None => return Err(err),
+            }
+        }
     }
     .await;
     let mut resp = match result {

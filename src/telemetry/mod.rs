@@ -244,6 +244,16 @@ pub fn record_gateway_error(model: Option<&str>, reason: &'static str, status: u
     .increment(1);
 }
 
+/// Record a request handed from a pool to its fallback.
+pub fn record_fallback(from: &str, to: &str) {
+    counter!(
+        names::FALLBACKS_TOTAL,
+        names::L_POOL => SharedString::from(from.to_string()),
+        names::L_TARGET => SharedString::from(to.to_string())
+    )
+    .increment(1);
+}
+
 /// Record a routing decision.
 pub fn record_decision(pool: &SharedString, policy: &'static str, reason: &'static str) {
     counter!(

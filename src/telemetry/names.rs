@@ -37,6 +37,7 @@ pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
 pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
 pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
+pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
@@ -79,6 +80,7 @@ pub const L_POLICY: &str = "policy";
 pub const L_STATE: &str = "state";
 pub const L_MODE: &str = "mode";
 pub const L_LEG: &str = "leg";
+pub const L_TARGET: &str = "target";
 
 /// Register help text and units for every metric.
 pub fn describe() {
@@ -131,6 +133,10 @@ pub fn describe() {
     );
     describe_observability();
     describe_routing();
+    describe_counter!(
+        FALLBACKS_TOTAL,
+        "Requests handed from a pool to the next pool of its fallback chain, by pool and target."
+    );
 }
 
 /// Help text for the observability and cost metrics (issue 6).

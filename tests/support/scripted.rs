@@ -74,6 +74,20 @@ async fn chat(State(st): State<St>, headers: HeaderMap, body: Bytes) -> Response
 
 impl Scripted {
     pub async fn start() -> (Scripted, mpsc::UnboundedSender<String>) {
+        Self::start_with(None).await
+    }
+
+    /// Serve over TLS with `tls`'s certificate (an external provider stand-in);
+    /// the URL is then `https://localhost:PORT`.
+    pub async fn start_tls(
+        tls: Arc<rustls::ServerConfig>,
+    ) -> (Scripted, mpsc::UnboundedSender<String>) {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> (Scripted, mpsc::UnboundedSender<String>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let st = St {
             recorded: Default::default(),
@@ -86,8 +100,35 @@ impl Scripted {
             .route("/v1/custom/thing", post(chat))
             .with_state(st.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let port = listener.local_addr().unwrap().port();
+        let url = match &tls {
+            None => format!("http://127.0.0.1:{port}"),
+            Some(_) => format!("https://localhost:{port}"),
+        };
+        match tls {
+            None => {
+                tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+            }
+            Some(cfg) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(cfg);
+                tokio::spawn(async move {
+                    while let Ok((tcp, _)) = listener.accept().await {
+                        let (acceptor, app) = (acceptor.clone(), app.clone());
+                        tokio::spawn(async move {
+                            let Ok(tls) = acceptor.accept(tcp).await else {
+                                return;
+                            };
+                            let svc = hyper_util::service::TowerToHyperService::new(app);
+                            let _ = hyper_util::server::conn::auto::Builder::new(
+                                hyper_util::rt::TokioExecutor::new(),
+                            )
+                            .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                            .await;
+                        });
+                    }
+                });
+            }
+        }
         (
             Scripted {
                 url,
