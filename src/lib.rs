@@ -8,6 +8,7 @@
 pub mod api;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod demo;
 pub mod disagg;
 pub mod pool;
@@ -16,3 +17,4 @@ pub mod routing;
 pub mod server;
 pub mod sim;
 pub mod telemetry;
+pub mod tenancy;

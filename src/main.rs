@@ -67,7 +67,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
     let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
-    let gw = server::Gateway::start(config).await;
+    let gw = server::Gateway::start(config).await?;
     gw.set_reloader(args.reloader());
     server::spawn_reload_triggers(gw.clone(), args.config.clone());
     if let Some(admin) = server::admin::spawn(gw.clone()).await? {

@@ -288,3 +288,50 @@ async fn retry_budget_caps_attempts_during_an_outage() {
     assert!(metric_sum(&m, names::RETRY_BUDGET_EXHAUSTED_TOTAL, &[]) >= 80.0);
     gw.shutdown().await;
 }
+
+/// A request whose 429 is its own (here a client-forced fault, in production e.g. a
+/// per-key limit upstream) is retried on every worker; the 429 cooldowns it causes
+/// stop at the panic threshold, so the rest of the traffic is still served instead
+/// of getting a gateway 503 for the cooldown. Found by benches/chaos_soak.
+#[tokio::test]
+async fn one_request_429ing_everywhere_does_not_cool_down_the_whole_pool() {
+    let s = sims(4, 20.0).await;
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[health]\noverload_cooldown_ms = 5000\n{}",
+        pool_toml(&model, &[&u[0], &u[1], &u[2], &u[3]], "max_attempts = 4")
+    ))
+    .await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .header("x-sim-fault", "429")
+        .json(&chat(&model, false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let tried: u64 = s.iter().map(|s| s.requests_received()).sum();
+    assert_eq!(tried, 4, "the 429 was retried on every worker");
+    let snap = gw.gateway.registry.snapshot();
+    let cooling = snap
+        .workers()
+        .filter(|w| {
+            w.state
+                .health
+                .overloaded
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .count();
+    assert_eq!(cooling, 2, "cooldowns beyond max_ejected_percent (50 %)");
+    for _ in 0..8 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    gw.shutdown().await;
+}

@@ -2,15 +2,20 @@
 //! then validated into the typed [`Config`] the rest of the gateway reads. Every
 //! rejection names the key path. Defaults live here and nowhere else.
 
+pub mod observability;
 mod raw;
 
 pub use raw::{
-    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawPool, RawServer, RawTimeouts, RawWorker,
+    RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,
+    RawScorer, RawServer, RawTimeouts, RawWorker,
 };
+
+pub use observability::{ObservabilityConfig, TenancyConfig};
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
@@ -60,21 +65,63 @@ pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 pub const DEFAULT_MAX_PREFILL_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Default DNS re-resolution interval (ms).
 pub const DEFAULT_DNS_INTERVAL_MS: u64 = 5_000;
+/// Label value standing for every value beyond a label's configured limit.
+pub const OTHER_LABEL: &str = "other";
+
+/// Default size of a prefix-index block, in approximate tokens.
+pub const DEFAULT_BLOCK_TOKENS: u32 = 64;
+/// Default bytes of routing text counted as one token.
+pub const DEFAULT_BYTES_PER_TOKEN: u32 = 4;
+/// Default bounded-load factor ε: spill when load > (1 + ε) × mean + slack.
+pub const DEFAULT_LOAD_EPSILON: f64 = 0.25;
+/// Default absolute slack of the load bound, in requests.
+pub const DEFAULT_LOAD_SLACK: f64 = 2.0;
+/// Default interval between two scrapes of a worker's `/metrics` (ms).
+pub const DEFAULT_STATS_INTERVAL_MS: u64 = 100;
+/// Smallest accepted `stats_interval_ms`.
+pub const MIN_STATS_INTERVAL_MS: u64 = 25;
+/// Default age after which a worker's stats count as stale (ms).
+pub const DEFAULT_STALE_AFTER_MS: u64 = 1_000;
+/// Default estimated queue (requests) under which a worker has headroom (`cost`).
+pub const DEFAULT_TARGET_QUEUE: f64 = 8.0;
+/// Default hard cap on (block, worker) pairs in one pool's prefix index.
+pub const DEFAULT_INDEX_MAX_BLOCKS: u64 = 1 << 20;
+/// Default per-worker index capacity (blocks) while `vllm:cache_config_info` is unknown.
+pub const DEFAULT_WORKER_BLOCKS: u64 = 16_384;
 
 /// Routing policies a pool can name. Their behaviour lives in `routing/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
     RoundRobin,
     Random,
+    LeastQueue,
+    Prefix,
+    Cost,
+    Session,
+    /// An explicit list of scorers with weights (`[pools.routing].scorers`).
+    Weighted,
 }
 
 impl PolicyKind {
-    pub const ALL: &'static [PolicyKind] = &[PolicyKind::RoundRobin, PolicyKind::Random];
+    pub const ALL: &'static [PolicyKind] = &[
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::LeastQueue,
+        PolicyKind::Prefix,
+        PolicyKind::Cost,
+        PolicyKind::Session,
+        PolicyKind::Weighted,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             PolicyKind::RoundRobin => "round_robin",
             PolicyKind::Random => "random",
+            PolicyKind::LeastQueue => "least_queue",
+            PolicyKind::Prefix => "prefix",
+            PolicyKind::Cost => "cost",
+            PolicyKind::Session => "session",
+            PolicyKind::Weighted => "weighted",
         }
     }
 
@@ -91,6 +138,217 @@ impl PolicyKind {
     }
 }
 
+/// Scorers a `weighted` pipeline can combine; each scores a worker in [0, 1].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScorerKind {
+    /// Fraction of the request's leading prefix blocks the worker recently served.
+    Prefix,
+    /// Lower estimated queue (waiting + running + local corrections) scores higher.
+    Queue,
+    /// Cheaper `price_per_mtok` scores higher.
+    Cost,
+    /// 1 for the rendezvous owner of the request's session key, else 0.
+    Session,
+    /// Lower KV-cache usage scores higher.
+    Kv,
+}
+
+impl ScorerKind {
+    pub const ALL: &'static [ScorerKind] = &[
+        ScorerKind::Prefix,
+        ScorerKind::Queue,
+        ScorerKind::Cost,
+        ScorerKind::Session,
+        ScorerKind::Kv,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScorerKind::Prefix => "prefix",
+            ScorerKind::Queue => "queue",
+            ScorerKind::Cost => "cost",
+            ScorerKind::Session => "session",
+            ScorerKind::Kv => "kv",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ScorerKind> {
+        Self::ALL.iter().copied().find(|p| p.as_str() == s)
+    }
+}
+
+/// Per-pool routing settings (`[pools.routing]`), validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoutingConfig {
+    /// Prefix block size in approximate tokens.
+    pub block_tokens: NonZeroU32,
+    /// Bytes of routing text per approximate token.
+    pub bytes_per_token: NonZeroU32,
+    /// Bounded-load factor ε (≥ 0).
+    pub load_epsilon: f64,
+    /// Absolute slack of the load bound, in requests (≥ 0).
+    pub load_slack: f64,
+    /// Interval between scrapes of each worker's `/metrics`.
+    pub stats_interval: Duration,
+    /// Stats older than this are stale: the worker is scored as fully loaded.
+    pub stale_after: Duration,
+    /// Honour the `x-switchyard-policy` request header.
+    pub allow_policy_override: bool,
+    /// `least_queue`: compare two random candidates instead of all.
+    pub power_of_two: bool,
+    /// `cost`: a worker whose estimated queue reaches this has no headroom.
+    pub target_queue: f64,
+    /// Hard cap on (block, worker) pairs in the pool's prefix index.
+    pub index_max_blocks: u64,
+    /// Per-worker index capacity while the worker's KV capacity is unknown.
+    pub default_worker_blocks: u64,
+    /// Only workers whose labels include all of these are eligible.
+    pub require_labels: BTreeMap<String, String>,
+    /// Scorers and weights of a `weighted` pool (empty for the presets).
+    pub scorers: Vec<(ScorerKind, f64)>,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig {
+            block_tokens: NonZeroU32::new(DEFAULT_BLOCK_TOKENS).expect("non-zero"),
+            bytes_per_token: NonZeroU32::new(DEFAULT_BYTES_PER_TOKEN).expect("non-zero"),
+            load_epsilon: DEFAULT_LOAD_EPSILON,
+            load_slack: DEFAULT_LOAD_SLACK,
+            stats_interval: Duration::from_millis(DEFAULT_STATS_INTERVAL_MS),
+            stale_after: Duration::from_millis(DEFAULT_STALE_AFTER_MS),
+            allow_policy_override: false,
+            power_of_two: false,
+            target_queue: DEFAULT_TARGET_QUEUE,
+            index_max_blocks: DEFAULT_INDEX_MAX_BLOCKS,
+            default_worker_blocks: DEFAULT_WORKER_BLOCKS,
+            require_labels: BTreeMap::new(),
+            scorers: Vec::new(),
+        }
+    }
+}
+
+impl RoutingConfig {
+    /// Bytes of routing text per prefix block.
+    pub fn block_bytes(&self) -> usize {
+        self.block_tokens.get() as usize * self.bytes_per_token.get() as usize
+    }
+}
+
+impl RawRouting {
+    /// Validate, pushing problems prefixed with `key` (e.g. `pools[0].routing`).
+    fn validate(self, key: &str, policy: PolicyKind, problems: &mut Vec<String>) -> RoutingConfig {
+        let d = RoutingConfig::default();
+        let nz = |v: Option<u32>, name: &str, def: NonZeroU32, problems: &mut Vec<String>| match v {
+            None => def,
+            Some(v) => NonZeroU32::new(v).unwrap_or_else(|| {
+                problems.push(format!("{key}.{name}: must be at least 1"));
+                def
+            }),
+        };
+        let block_tokens = nz(self.block_tokens, "block_tokens", d.block_tokens, problems);
+        let bytes_per_token = nz(
+            self.bytes_per_token,
+            "bytes_per_token",
+            d.bytes_per_token,
+            problems,
+        );
+        let non_neg = |v: Option<f64>, name: &str, def: f64, problems: &mut Vec<String>| {
+            let v = v.unwrap_or(def);
+            if !(v.is_finite() && v >= 0.0) {
+                problems.push(format!(
+                    "{key}.{name}: must be a finite number >= 0 (got {v})"
+                ));
+                return def;
+            }
+            v
+        };
+        let load_epsilon = non_neg(self.load_epsilon, "load_epsilon", d.load_epsilon, problems);
+        let load_slack = non_neg(self.load_slack, "load_slack", d.load_slack, problems);
+        let target_queue = non_neg(self.target_queue, "target_queue", d.target_queue, problems);
+        let interval_ms = self.stats_interval_ms.unwrap_or(DEFAULT_STATS_INTERVAL_MS);
+        if interval_ms < MIN_STATS_INTERVAL_MS {
+            problems.push(format!(
+                "{key}.stats_interval_ms: must be at least {MIN_STATS_INTERVAL_MS} (got {interval_ms})"
+            ));
+        }
+        let interval_ms = interval_ms.max(MIN_STATS_INTERVAL_MS);
+        let stale_ms = self
+            .stale_after_ms
+            .unwrap_or(DEFAULT_STALE_AFTER_MS.max(interval_ms * 3));
+        if stale_ms <= interval_ms {
+            problems.push(format!(
+                "{key}.stale_after_ms: must be greater than stats_interval_ms ({interval_ms}), got {stale_ms}"
+            ));
+        }
+        let index_max_blocks = self.index_max_blocks.unwrap_or(DEFAULT_INDEX_MAX_BLOCKS);
+        if index_max_blocks == 0 {
+            problems.push(format!("{key}.index_max_blocks: must be at least 1"));
+        }
+        let default_worker_blocks = self.default_worker_blocks.unwrap_or(DEFAULT_WORKER_BLOCKS);
+        if default_worker_blocks == 0 {
+            problems.push(format!("{key}.default_worker_blocks: must be at least 1"));
+        }
+        let mut scorers = Vec::new();
+        match (&self.scorers, policy) {
+            (None, PolicyKind::Weighted) => problems.push(format!(
+                "{key}.scorers: policy `weighted` needs a list of scorers"
+            )),
+            (Some(_), p) if p != PolicyKind::Weighted => problems.push(format!(
+                "{key}.scorers: only valid with policy = \"weighted\" (this pool's policy is `{p}`)"
+            )),
+            _ => {}
+        }
+        for (i, s) in self.scorers.iter().flatten().enumerate() {
+            let Some(kind) = ScorerKind::parse(&s.name) else {
+                problems.push(format!(
+                    "{key}.scorers[{i}].name: unknown scorer `{}` (expected one of: {})",
+                    s.name,
+                    ScorerKind::ALL
+                        .iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+                continue;
+            };
+            if !(s.weight.is_finite() && s.weight > 0.0) {
+                problems.push(format!(
+                    "{key}.scorers[{i}].weight: must be a finite number > 0 (got {})",
+                    s.weight
+                ));
+                continue;
+            }
+            if scorers.iter().any(|(k, _)| *k == kind) {
+                problems.push(format!(
+                    "{key}.scorers[{i}].name: scorer `{}` listed twice",
+                    s.name
+                ));
+                continue;
+            }
+            scorers.push((kind, s.weight));
+        }
+        if self.scorers.as_ref().is_some_and(|v| v.is_empty()) {
+            problems.push(format!("{key}.scorers: must not be empty"));
+        }
+        RoutingConfig {
+            block_tokens,
+            bytes_per_token,
+            load_epsilon,
+            load_slack,
+            stats_interval: Duration::from_millis(interval_ms),
+            stale_after: Duration::from_millis(stale_ms.max(interval_ms + 1)),
+            allow_policy_override: self.allow_policy_override.unwrap_or(false),
+            power_of_two: self.power_of_two.unwrap_or(false),
+            target_queue,
+            index_max_blocks: index_max_blocks.max(1),
+            default_worker_blocks: default_worker_blocks.max(1),
+            require_labels: self.require_labels,
+            scorers,
+        }
+    }
+}
+
 impl fmt::Display for PolicyKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -104,6 +362,8 @@ pub struct Config {
     pub pools: Vec<PoolConfig>,
     pub health: HealthConfig,
     pub admin: Option<AdminConfig>,
+    pub observability: ObservabilityConfig,
+    pub tenancy: TenancyConfig,
 }
 
 /// Health checking and ejection (see `pool/health.rs`).
@@ -156,6 +416,20 @@ pub struct DnsConfig {
     pub labels: BTreeMap<String, String>,
 }
 
+/// Workers discovered from Kubernetes pods (see `pool/k8s.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubernetesConfig {
+    pub namespace: String,
+    pub label_selector: Option<String>,
+    /// Fallback port when the pod has no (valid) `port_annotation`.
+    pub port: Option<u16>,
+    pub port_annotation: Option<String>,
+    /// Pod label → worker label.
+    pub label_map: BTreeMap<String, String>,
+    /// `None`: `kube::Config::infer()` (in-cluster service account, then kubeconfig).
+    pub api_url: Option<String>,
+}
+
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
@@ -195,6 +469,8 @@ pub struct PoolConfig {
     /// Bearer token injected upstream (value resolved from the named env var).
     pub upstream_api_key: Option<String>,
     pub workers: Vec<WorkerConfig>,
+    /// Policy and stats settings (`[pools.routing]`).
+    pub routing: RoutingConfig,
     pub retry_budget_ratio: f64,
     pub retry_budget_min: u32,
     pub retry_backoff: Duration,
@@ -204,13 +480,21 @@ pub struct PoolConfig {
     pub queue_timeout: Duration,
     pub dns: Option<DnsConfig>,
     pub disaggregation: Option<DisaggConfig>,
+    pub upstream_model: Option<String>,
+    pub upstream_ca_file: Option<String>,
+    /// Pool names, in order.
+    pub fallback: Vec<String>,
+    pub lora_adapters: Vec<String>,
+    pub kubernetes: Option<KubernetesConfig>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct WorkerConfig {
     /// Normalised base URL, no trailing slash: `http://host:port[/prefix]`.
     pub url: String,
     pub labels: BTreeMap<String, String>,
+    /// USD per 1M tokens (prompt + output); 0 when not configured.
+    pub price_per_mtok: f64,
 }
 
 /// Every problem found in a configuration, each naming its key path.
@@ -365,7 +649,13 @@ impl RawConfig {
                     PolicyKind::RoundRobin
                 }),
             };
-            for (j, m) in p.models.iter().chain(p.aliases.iter()).enumerate() {
+            for (j, m) in p
+                .models
+                .iter()
+                .chain(p.aliases.iter())
+                .chain(p.lora_adapters.iter())
+                .enumerate()
+            {
                 if m.is_empty() {
                     problems.push(format!("{key}.models[{j}]: empty model name"));
                 } else if !model_names.insert(m.clone()) {
@@ -395,6 +685,9 @@ impl RawConfig {
                     }
                 },
             };
+            let routing = p
+                .routing
+                .validate(&format!("{key}.routing"), policy, &mut problems);
             let mut workers = Vec::new();
             let mut seen = HashSet::new();
             for (j, w) in p.workers.into_iter().enumerate() {
@@ -404,9 +697,16 @@ impl RawConfig {
                             problems
                                 .push(format!("{key}.workers[{j}].url: duplicate worker `{url}`"));
                         }
+                        let price = w.price_per_mtok.unwrap_or(0.0);
+                        if !(price.is_finite() && price >= 0.0) {
+                            problems.push(format!(
+                                "{key}.workers[{j}].price_per_mtok: must be a finite number >= 0 (got {price})"
+                            ));
+                        }
                         workers.push(WorkerConfig {
                             url,
                             labels: w.labels,
+                            price_per_mtok: price,
                         });
                     }
                     Err(e) => problems.push(format!("{key}.workers[{j}].url: {e}")),
@@ -431,9 +731,12 @@ impl RawConfig {
                     labels: d.labels,
                 }
             });
-            if workers.is_empty() && dns.is_none() {
+            let kubernetes = p
+                .kubernetes
+                .map(|k| validate_kubernetes(k, &format!("{key}.kubernetes"), &mut problems));
+            if workers.is_empty() && dns.is_none() && kubernetes.is_none() {
                 problems.push(format!(
-                    "{key}.workers: a pool needs at least one worker (or a dns section)"
+                    "{key}.workers: a pool needs at least one worker (or a dns or kubernetes section)"
                 ));
             }
             let disaggregation = p.disaggregation.map(|d| DisaggConfig {
@@ -474,6 +777,7 @@ impl RawConfig {
                 pass_client_auth: p.pass_client_auth.unwrap_or(false),
                 upstream_api_key,
                 workers,
+                routing,
                 retry_budget_ratio,
                 retry_budget_min: p.retry_budget_min.unwrap_or(DEFAULT_RETRY_BUDGET_MIN),
                 retry_backoff: Duration::from_millis(
@@ -484,11 +788,51 @@ impl RawConfig {
                 queue_timeout,
                 dns,
                 disaggregation,
+                upstream_model: p.upstream_model,
+                upstream_ca_file: p.upstream_ca_file.inspect(|f| {
+                    if let Err(e) = std::fs::read(f) {
+                        problems.push(format!("{key}.upstream_ca_file: `{f}`: {e}"));
+                    }
+                }),
+                fallback: p.fallback,
+                lora_adapters: p.lora_adapters,
+                kubernetes,
             });
         }
         if pools.is_empty() {
             problems.push("pools: at least one pool (or a --worker flag) is required".into());
         }
+        for (i, p) in pools.iter().enumerate() {
+            if p.name.contains(':') {
+                problems.push(format!(
+                    "pools[{i}].name: `:` is reserved, got `{}`",
+                    p.name
+                ));
+            }
+            for f in &p.fallback {
+                if f == &p.name {
+                    problems.push(format!(
+                        "pools[{i}].fallback: a pool cannot fall back to itself"
+                    ));
+                } else if !pools.iter().any(|q| &q.name == f) {
+                    problems.push(format!("pools[{i}].fallback: no pool named `{f}`"));
+                }
+            }
+        }
+        let pool_names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+        let (observability, tenancy) = observability::validate(
+            observability::ObservabilityRaw {
+                telemetry: self.telemetry,
+                access_log: self.access_log,
+                tracing: self.tracing,
+                prices: self.prices,
+                scaling: self.scaling,
+                tenancy: self.tenancy,
+                tenants: self.tenants,
+            },
+            &pool_names,
+            &mut problems,
+        );
         if !problems.is_empty() {
             return Err(ConfigError { problems });
         }
@@ -508,7 +852,48 @@ impl RawConfig {
             pools,
             health,
             admin,
+            observability,
+            tenancy,
         })
+    }
+}
+
+fn validate_kubernetes(k: RawKubernetes, key: &str, p: &mut Vec<String>) -> KubernetesConfig {
+    if k.namespace.is_empty() {
+        p.push(format!("{key}.namespace: must not be empty"));
+    }
+    if k.port == Some(0) {
+        p.push(format!("{key}.port: must be greater than 0"));
+    }
+    if k.port.is_none() && k.port_annotation.is_none() {
+        p.push(format!(
+            "{key}: set `port`, `port_annotation`, or both (the annotation wins when present)"
+        ));
+    }
+    if k.port_annotation.as_deref() == Some("") {
+        p.push(format!("{key}.port_annotation: must not be empty"));
+    }
+    for (from, to) in &k.label_map {
+        if from.is_empty() || to.is_empty() {
+            p.push(format!(
+                "{key}.label_map: empty label name in `{from}` = `{to}`"
+            ));
+        }
+    }
+    let api_url = k.api_url.and_then(|u| match normalize_worker_url(&u) {
+        Ok(u) => Some(u),
+        Err(e) => {
+            p.push(format!("{key}.api_url: {e}"));
+            None
+        }
+    });
+    KubernetesConfig {
+        namespace: k.namespace,
+        label_selector: k.label_selector.filter(|s| !s.is_empty()),
+        port: k.port,
+        port_annotation: k.port_annotation,
+        label_map: k.label_map,
+        api_url,
     }
 }
 
@@ -691,6 +1076,57 @@ mod tests {
     }
 
     #[test]
+    fn kubernetes_section_is_enough_for_a_pool() {
+        let c = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            [pools.kubernetes]
+            namespace = "inference"
+            label_selector = "app=vllm"
+            port_annotation = "switchyard.io/port"
+            label_map = { "topology.kubernetes.io/region" = "region" }
+            api_url = "http://127.0.0.1:6443/"
+            "#,
+        )
+        .unwrap();
+        let k = c.pools[0].kubernetes.as_ref().unwrap();
+        assert_eq!(k.namespace, "inference");
+        assert_eq!(k.port, None);
+        assert_eq!(k.api_url.as_deref(), Some("http://127.0.0.1:6443"));
+        assert_eq!(k.label_map["topology.kubernetes.io/region"], "region");
+    }
+
+    #[test]
+    fn kubernetes_rejections_name_the_key() {
+        let e = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            [pools.kubernetes]
+            namespace = ""
+            api_url = "ftp://x"
+            label_map = { "a" = "" }
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "pools[0].kubernetes.namespace: must not be empty",
+            "pools[0].kubernetes: set `port`, `port_annotation`",
+            "pools[0].kubernetes.api_url",
+            "pools[0].kubernetes.label_map",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+        let e =
+            check("[[pools]]\nmodels = [\"m\"]\n[pools.kubernetes]\nnamespace = \"n\"\nprot = 1\n")
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("prot"), "{e}");
+    }
+
+    #[test]
     fn missing_api_key_env_is_an_error() {
         let e = check(
             r#"
@@ -702,5 +1138,103 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("pools[0].upstream_api_key_env"));
+    }
+
+    #[test]
+    fn routing_defaults_and_settings() {
+        let c = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            policy = "prefix"
+            workers = [{ url = "http://h:1", price_per_mtok = 0.5 }]
+            [pools.routing]
+            block_tokens = 32
+            stats_interval_ms = 50
+            allow_policy_override = true
+            require_labels = { region = "eu" }
+            "#,
+        )
+        .unwrap();
+        let p = &c.pools[0];
+        assert_eq!(p.policy, PolicyKind::Prefix);
+        assert_eq!(p.routing.block_bytes(), 32 * 4);
+        assert_eq!(p.routing.stats_interval, Duration::from_millis(50));
+        assert_eq!(
+            p.routing.stale_after,
+            Duration::from_millis(DEFAULT_STALE_AFTER_MS)
+        );
+        assert!(p.routing.allow_policy_override);
+        assert_eq!(p.routing.require_labels["region"], "eu");
+        assert_eq!(p.workers[0].price_per_mtok, 0.5);
+        let d = check("[[pools]]\nmodels=[\"m\"]\nworkers=[{url=\"http://h:1\"}]\n").unwrap();
+        assert_eq!(d.pools[0].routing, RoutingConfig::default());
+    }
+
+    #[test]
+    fn weighted_scorers_parse() {
+        let c = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            policy = "weighted"
+            workers = [{ url = "http://h:1" }]
+            [pools.routing]
+            scorers = [{ name = "prefix", weight = 1.0 }, { name = "queue", weight = 0.5 }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.pools[0].routing.scorers,
+            vec![(ScorerKind::Prefix, 1.0), (ScorerKind::Queue, 0.5)]
+        );
+    }
+
+    #[test]
+    fn routing_rejections_name_their_keys() {
+        let e = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            policy = "prefix"
+            workers = [{ url = "http://h:1", price_per_mtok = -1.0 }]
+            [pools.routing]
+            block_tokens = 0
+            load_epsilon = -0.5
+            stats_interval_ms = 10
+            stale_after_ms = 20
+            index_max_blocks = 0
+            scorers = [{ name = "queue", weight = 1.0 }]
+            [[pools]]
+            models = ["n"]
+            policy = "weighted"
+            workers = [{ url = "http://h:2" }]
+            [pools.routing]
+            scorers = [{ name = "vibes", weight = 1.0 }, { name = "queue", weight = 0.0 }]
+            [[pools]]
+            models = ["o"]
+            policy = "weighted"
+            workers = [{ url = "http://h:3" }]
+            "#,
+        )
+        .unwrap_err();
+        let all = e.to_string();
+        for needle in [
+            "pools[0].workers[0].price_per_mtok",
+            "pools[0].routing.block_tokens: must be at least 1",
+            "pools[0].routing.load_epsilon",
+            "pools[0].routing.stats_interval_ms: must be at least 25",
+            "pools[0].routing.stale_after_ms",
+            "pools[0].routing.index_max_blocks",
+            "pools[0].routing.scorers: only valid with policy = \"weighted\"",
+            "pools[1].routing.scorers[0].name: unknown scorer `vibes`",
+            "pools[1].routing.scorers[1].weight",
+            "pools[2].routing.scorers: policy `weighted` needs a list",
+        ] {
+            assert!(all.contains(needle), "missing `{needle}` in:\n{all}");
+        }
+        let e = check("[[pools]]\nmodels=[\"m\"]\nworkers=[{url=\"http://h:1\"}]\n[pools.routing]\nblok_tokens=3\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("blok_tokens"), "{e}");
     }
 }

@@ -15,6 +15,21 @@ pub struct RawConfig {
     pub health: RawHealth,
     #[serde(default)]
     pub admin: RawAdmin,
+    // Observability, tenancy and cost (validated in `config/observability.rs`).
+    #[serde(default)]
+    pub telemetry: super::observability::RawTelemetry,
+    #[serde(default)]
+    pub access_log: super::observability::RawAccessLog,
+    #[serde(default)]
+    pub tracing: super::observability::RawTracing,
+    #[serde(default)]
+    pub prices: Vec<super::observability::RawPrice>,
+    #[serde(default)]
+    pub scaling: super::observability::RawScaling,
+    #[serde(default)]
+    pub tenancy: super::observability::RawTenancy,
+    #[serde(default)]
+    pub tenants: Vec<super::observability::RawTenant>,
 }
 
 /// Active health checks and passive ejection, for every pool.
@@ -116,6 +131,50 @@ pub struct RawPool {
     pub dns: Option<RawDns>,
     /// Prefill/decode disaggregation (workers labelled `role = prefill|decode|both`).
     pub disaggregation: Option<RawDisagg>,
+    /// Send this model name upstream instead of the client's (external providers).
+    pub upstream_model: Option<String>,
+    /// Extra CA certificates (PEM file) trusted for this pool's `https://` workers.
+    pub upstream_ca_file: Option<String>,
+    /// Pools tried in order when this one cannot take or complete the request.
+    #[serde(default)]
+    pub fallback: Vec<String>,
+    /// LoRA adapter names served by this pool's workers; forwarded unchanged.
+    #[serde(default)]
+    pub lora_adapters: Vec<String>,
+    /// Workers from Kubernetes: Ready pods matching a label selector in a namespace.
+    pub kubernetes: Option<RawKubernetes>,
+    /// `[pools.routing]`: settings of the routing policy and the stats poller.
+    #[serde(default)]
+    pub routing: RawRouting,
+}
+
+/// `[pools.routing]`. Units in the names; defaults and meaning in `config/mod.rs`
+/// and `docs/routing.md`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouting {
+    pub block_tokens: Option<u32>,
+    pub bytes_per_token: Option<u32>,
+    pub load_epsilon: Option<f64>,
+    pub load_slack: Option<f64>,
+    pub stats_interval_ms: Option<u64>,
+    pub stale_after_ms: Option<u64>,
+    pub allow_policy_override: Option<bool>,
+    pub power_of_two: Option<bool>,
+    pub target_queue: Option<f64>,
+    pub index_max_blocks: Option<u64>,
+    pub default_worker_blocks: Option<u64>,
+    #[serde(default)]
+    pub require_labels: BTreeMap<String, String>,
+    pub scorers: Option<Vec<RawScorer>>,
+}
+
+/// One entry of `[pools.routing].scorers`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScorer {
+    pub name: String,
+    pub weight: f64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -142,10 +201,31 @@ pub struct RawDns {
     pub labels: BTreeMap<String, String>,
 }
 
+/// Kubernetes discovery: every Ready pod with an IP becomes `http://POD_IP:PORT`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKubernetes {
+    pub namespace: String,
+    /// Kubernetes label selector, e.g. `app=vllm,tier!=canary`; all pods when unset.
+    pub label_selector: Option<String>,
+    /// Port of the engine on every pod (used when the annotation is absent).
+    pub port: Option<u16>,
+    /// Pod annotation holding the port, e.g. `switchyard.io/port`; wins over `port`.
+    pub port_annotation: Option<String>,
+    /// Pod label → worker label, e.g. `"topology.kubernetes.io/region" = "region"`.
+    #[serde(default)]
+    pub label_map: BTreeMap<String, String>,
+    /// API server URL (tests, out-of-cluster); default: in-cluster or kubeconfig.
+    pub api_url: Option<String>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawWorker {
     pub url: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Price of this worker's tokens, USD per 1M tokens (prompt + output); the `cost`
+    /// policy prefers cheaper workers. Default 0.
+    pub price_per_mtok: Option<f64>,
 }

@@ -137,10 +137,11 @@ fn pick_prefill(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
     let ws = &ctx.route.workers;
     let accept =
         |i: usize| ws[i].role == Role::Prefill && ws[i].is_available() && !tried.contains(&i);
-    ctx.route
-        .policy
-        .pick(&ctx.route_request(), ws, &accept)
-        .map(|d| d.index)
+    let req = ctx.route_request();
+    let d = ctx.route.policy.pick(&req, ws, &accept)?;
+    // The prompt's blocks are now on this prefill worker (prefix index).
+    ctx.route.policy.record(&d, &req, ws);
+    Some(d.index)
 }
 
 /// Decode by load: fewest requests in flight, ties broken by rendezvous hashing of

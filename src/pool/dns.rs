@@ -24,6 +24,7 @@ pub fn spawn_dns_discovery(registry: Arc<Registry>) {
                             .map(|a| WorkerConfig {
                                 url: format!("http://{a}"),
                                 labels: dns.labels.clone(),
+                                price_per_mtok: 0.0,
                             })
                             .collect();
                         registry.set_discovered_workers(&pool.name, "dns", workers);

@@ -75,13 +75,33 @@ pub fn on_failure(worker: &Worker, pool: &[Arc<Worker>], cfg: &HealthConfig) {
     }
 }
 
-/// The worker answered 429: give it `overload_cooldown` without new requests.
-pub fn on_overloaded(worker: &Worker, cfg: &HealthConfig) {
+/// The worker answered 429: give it `overload_cooldown` without new requests,
+/// unless that would leave more than the allowed share of `pool` ejected or cooling
+/// down (the same panic threshold as ejection). Without that bound one request
+/// whose 429 is its own (a per-key limit upstream, an injected fault) is retried on
+/// every worker and takes the whole pool out for the cooldown: every other request
+/// then gets a 503 from the gateway instead of being served. Returns whether the
+/// cooldown was applied.
+pub fn on_overloaded(worker: &Worker, pool: &[Arc<Worker>], cfg: &HealthConfig) -> bool {
     let h = &worker.state.health;
-    let epoch = h.overload_epoch.fetch_add(1, Ordering::Relaxed) + 1;
-    h.overloaded.store(true, Ordering::Relaxed);
     counter!(names::WORKER_OVERLOADED_TOTAL, names::L_WORKER => SharedString::from(worker.id.clone()))
         .increment(1);
+    if !h.overloaded.load(Ordering::Relaxed) {
+        let out = pool
+            .iter()
+            .filter(|w| w.id != worker.id)
+            .filter(|w| {
+                !w.state.healthy.load(Ordering::Relaxed)
+                    || w.state.health.overloaded.load(Ordering::Relaxed)
+            })
+            .count();
+        if !pool.is_empty() && (out + 1) as f64 > cfg.max_ejected_fraction * pool.len() as f64 {
+            tracing::debug!(worker = %worker.id, out, pool = pool.len(), "429 cooldown refused: panic threshold");
+            return false;
+        }
+    }
+    let epoch = h.overload_epoch.fetch_add(1, Ordering::Relaxed) + 1;
+    h.overloaded.store(true, Ordering::Relaxed);
     let state = worker.state.clone();
     let cooldown = cfg.overload_cooldown;
     tokio::spawn(async move {
@@ -91,6 +111,7 @@ pub fn on_overloaded(worker: &Worker, cfg: &HealthConfig) {
             state.health.overloaded.store(false, Ordering::Relaxed);
         }
     });
+    true
 }
 
 /// Eject `worker` unless that would leave more than the allowed share of `pool` out.

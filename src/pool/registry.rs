@@ -4,14 +4,14 @@
 
 use super::admission::AdmissionQueue;
 use super::worker::{Worker, WorkerState};
-use crate::config::{Config, PoolConfig, WorkerConfig};
+use crate::config::{Config, PolicyKind, PoolConfig, WorkerConfig};
 use crate::proxy::retry_budget::RetryBudget;
-use crate::routing::{self, Policy};
+use crate::routing::{self, Policy, PrefixIndex};
 use crate::telemetry::PairMetrics;
-use metrics::SharedString;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;
+use metrics::SharedString;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -22,6 +22,9 @@ pub struct PoolRuntime {
     pub workers: Vec<Arc<Worker>>,
     /// `Authorization` value injected upstream, when the pool has an API key.
     pub upstream_auth: Option<HeaderValue>,
+    /// The pool's prefix index (kept by the registry across rebuilds), when its
+    /// policy or an allowed override uses one.
+    pub prefix_index: Option<Arc<PrefixIndex>>,
     pub retry_budget: Arc<RetryBudget>,
     /// Present when the pool limits concurrency per worker.
     pub queue: Option<Arc<AdmissionQueue>>,
@@ -33,10 +36,23 @@ pub struct ModelRoute {
     pub model: Arc<str>,
     pub pool: Arc<PoolRuntime>,
     pub policy: Box<dyn Policy>,
+    /// The other policies a request may ask for with `x-switchyard-policy`
+    /// (empty unless the pool sets `allow_policy_override`).
+    pub overrides: Vec<Box<dyn Policy>>,
     /// The pool's workers that serve this model.
     pub workers: Vec<Arc<Worker>>,
     /// Metric handles per worker, aligned with `workers`.
     pub metrics: Vec<Arc<PairMetrics>>,
+}
+
+impl ModelRoute {
+    /// The policy named `name` among the allowed overrides.
+    pub fn override_policy(&self, name: &str) -> Option<&dyn Policy> {
+        self.overrides
+            .iter()
+            .find(|p| p.name() == name)
+            .map(|p| &**p)
+    }
 }
 
 /// One immutable view of everything routing needs.
@@ -88,6 +104,8 @@ pub struct Registry {
     current: ArcSwap<Snapshot>,
     config: ArcSwap<Config>,
     states: DashMap<Arc<str>, Arc<WorkerState>>,
+    /// Prefix index per pool name; outlives snapshots.
+    indexes: DashMap<Arc<str>, Arc<PrefixIndex>>,
     /// Workers added at run time (admin API, DNS), by pool name.
     dynamic: DashMap<String, Vec<WorkerConfig>>,
     /// Configured workers removed through the admin API, by URL.
@@ -108,6 +126,7 @@ impl Registry {
             }),
             config: ArcSwap::new(config),
             states: DashMap::new(),
+            indexes: DashMap::new(),
             dynamic: DashMap::new(),
             removed: DashMap::new(),
             budgets: DashMap::new(),
@@ -239,6 +258,16 @@ impl Registry {
                     v.set_sensitive(true);
                     v
                 });
+            let prefix_index = routing::needs_index(pc).then(|| {
+                let ix = self
+                    .indexes
+                    .entry(Arc::from(pc.name.as_str()))
+                    .or_insert_with(|| Arc::new(PrefixIndex::new(pc.routing.index_max_blocks)))
+                    .clone();
+                ix.set_max_pairs(pc.routing.index_max_blocks);
+                ix.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
+                ix
+            });
             let retry_budget = self
                 .budgets
                 .entry(pc.name.clone())
@@ -263,6 +292,7 @@ impl Registry {
                 config: pc.clone(),
                 workers: workers.clone(),
                 upstream_auth,
+                prefix_index: prefix_index.clone(),
                 retry_budget,
                 queue,
             });
@@ -291,20 +321,44 @@ impl Registry {
                     // A discovered name already served by an earlier pool: first pool wins.
                     continue;
                 }
+                let build = |kind| {
+                    routing::build(&routing::BuildContext {
+                        kind,
+                        model: &model,
+                        pool: pc,
+                        workers: &ws,
+                        index: prefix_index.as_ref(),
+                    })
+                };
+                let overrides = if pc.routing.allow_policy_override {
+                    PolicyKind::ALL
+                        .iter()
+                        .copied()
+                        .filter(|k| *k != pc.policy && *k != PolicyKind::Weighted)
+                        .map(build)
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let model_label = SharedString::from(Arc::<str>::from(model.as_str()));
+                let pool_label = SharedString::from(pool.name.clone());
                 let metrics = ws
                     .iter()
                     .map(|w| {
+                        let region = w.labels.get("region").map_or("unknown", String::as_str);
                         Arc::new(PairMetrics::new(
                             model_label.clone(),
+                            pool_label.clone(),
                             SharedString::from(w.id.clone()),
+                            SharedString::from(region.to_string()),
                         ))
                     })
                     .collect();
                 let route = Arc::new(ModelRoute {
                     model: Arc::from(model.as_str()),
                     pool: pool.clone(),
-                    policy: routing::build(pc.policy),
+                    policy: build(pc.policy),
+                    overrides,
                     workers: ws,
                     metrics,
                 });

@@ -2,6 +2,7 @@
 
 use super::admission::AdmissionQueue;
 use super::health::HealthState;
+use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,6 +53,8 @@ pub struct WorkerState {
     pub draining: AtomicBool,
     /// Models from the worker's `/v1/models` (discovered pools only).
     pub discovered_models: ArcSwap<Vec<String>>,
+    /// Engine stats from the poller plus the gateway's corrections (`pool::stats`).
+    pub stats: WorkerStats,
     pub health: HealthState,
 }
 
@@ -64,6 +67,7 @@ impl Default for WorkerState {
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             discovered_models: ArcSwap::from_pointee(Vec::new()),
+            stats: WorkerStats::default(),
             health: HealthState::default(),
         }
     }
@@ -108,6 +112,7 @@ impl Worker {
     pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>) -> InFlightGuard {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
+        self.state.stats.note_started();
         InFlightGuard {
             state: self.state.clone(),
             queue: queue.cloned(),
@@ -134,6 +139,7 @@ impl InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.state.stats.note_finished();
         if let Some(q) = &self.queue {
             q.release();
         }

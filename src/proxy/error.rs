@@ -67,6 +67,18 @@ impl GatewayError {
         }
     }
 
+    /// Error class for metrics and the access log: `client` (the request was bad),
+    /// `gateway` (a gateway policy refused it: no capacity, queue) or `upstream`.
+    pub fn class(&self) -> &'static str {
+        use GatewayError::*;
+        match self {
+            MalformedJson(_) | MissingModel | BodyRead(_) | UnknownModel(_) | NotFound(_)
+            | BodyTooLarge(_) => "client",
+            NoHealthyWorker(_) | QueueFull(_) | QueueTimeout(_) => "gateway",
+            UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
+        }
+    }
+
     /// May the request be sent to another worker (nothing reached the client yet)?
     pub fn retryable(&self) -> bool {
         matches!(

@@ -13,6 +13,8 @@ use crate::pool::{health, InFlightGuard, ModelRoute, Role, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
+use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
+use crate::telemetry::RequestTags;
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
@@ -31,17 +33,19 @@ pub const SESSION_HEADER: &str = "x-session-id";
 pub const PRIORITY_HEADER: &str = "x-switchyard-priority";
 /// Debug header naming the chosen worker and the reason.
 pub const ROUTE_HEADER: &str = "x-switchyard-route";
+/// Request header naming a policy to use instead of the pool's (honoured only when
+/// the pool sets `allow_policy_override`).
+pub const POLICY_HEADER: &str = "x-switchyard-policy";
 
 impl ForwardContext<'_> {
     pub(crate) fn route_request(&self) -> RouteRequest<'_> {
-        RouteRequest {
-            info: self.info,
-            session: self
-                .parts
+        RouteRequest::new(
+            self.info,
+            self.parts
                 .headers
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok()),
-        }
+        )
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -63,6 +67,8 @@ pub struct ForwardContext<'a> {
     pub debug_headers: bool,
     /// When the gateway received the request (TTFT and e2e start here).
     pub start: Instant,
+    /// Tenant, labels, trace and wait accounting of the request.
+    pub tags: &'a RequestTags,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -70,15 +76,22 @@ pub struct ForwardContext<'a> {
 /// eligible worker is at its concurrency limit, and return the observed response.
 /// Disaggregated pools go through `disagg::forward`, which may come back here.
 pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
-    if let Some(d) = &ctx.route.pool.config.disaggregation {
-        if matches!(
-            ctx.endpoint,
-            Endpoint::ChatCompletions | Endpoint::Completions
-        ) {
-            return crate::disagg::forward(&ctx, d).await;
+    let result = match &ctx.route.pool.config.disaggregation {
+        Some(d)
+            if matches!(
+                ctx.endpoint,
+                Endpoint::ChatCompletions | Endpoint::Completions
+            ) =>
+        {
+            crate::disagg::forward(&ctx, d).await
         }
-    }
-    forward_aggregated(&ctx).await
+        _ => forward_aggregated(&ctx).await,
+    };
+    // Overhead: time to the response head not spent waiting on workers, the pool
+    // queue or retry backoff.
+    let pool = SharedString::from(ctx.route.pool.name.clone());
+    telemetry::record_overhead(&pool, ctx.start.elapsed().saturating_sub(ctx.tags.waited()));
+    result
 }
 
 /// The ordinary path: one worker does the whole request. In a disaggregated pool,
@@ -91,6 +104,22 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
     let deadline = ctx.deadline();
     let pool_label = SharedString::from(pool.name.clone());
     let limit = pool.config.max_concurrency_per_worker;
+    // The pool's policy, or the one the request names when the pool allows it.
+    let policy = match ctx
+        .parts
+        .headers
+        .get(POLICY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|name| route.override_policy(name))
+    {
+        Some(p) => {
+            telemetry::record_policy_override(&pool_label, p.name());
+            p
+        }
+        None => &*route.policy,
+    };
+    let prompt_tokens = ctx.info.routing_text.as_ref().map_or(0, |t| t.len() as u64)
+        / u64::from(pool.config.routing.bytes_per_token.get());
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
     pool.retry_budget.on_request();
@@ -104,7 +133,8 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         // Phase: select (wait in the pool queue if every candidate is at its limit).
         let accept =
             |i: usize| eligible(i, &tried) && (limit == 0 || route.workers[i].in_flight() < limit);
-        let decision = match route.policy.pick(&rreq, &route.workers, &accept) {
+        let pick_start = Instant::now();
+        let decision = match policy.pick(&rreq, &route.workers, &accept) {
             Some(d) => d,
             None => {
                 let saturated = limit > 0 && (0..route.workers.len()).any(|i| eligible(i, &tried));
@@ -116,7 +146,10 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                                 .get(PRIORITY_HEADER)
                                 .and_then(|v| v.to_str().ok()),
                         );
-                        q.wait(prio, Instant::now()).await.map_err(|e| match e {
+                        let waited = Instant::now();
+                        let r = q.wait(prio, waited).await;
+                        ctx.tags.add_waited(waited.elapsed());
+                        r.map_err(|e| match e {
                             QueueError::Full => GatewayError::QueueFull(pool.name.to_string()),
                             QueueError::Timeout => {
                                 GatewayError::QueueTimeout(pool.name.to_string())
@@ -130,12 +163,32 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         };
         if attempt > 0 {
             counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
+            let b = Instant::now();
             backoff(pool.config.retry_backoff, attempt).await;
+            ctx.tags.add_waited(b.elapsed());
         }
         attempt += 1;
-        telemetry::record_decision(&pool_label, route.policy.name(), decision.reason.as_str());
+        telemetry::record_decision(&pool_label, policy.name(), decision.reason.as_str());
+        policy.record(&decision, &rreq, &route.workers);
+        let est_cost = policy.estimate_cost(&decision, &rreq);
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
+        if ctx.tags.tracing() {
+            ctx.tags.child_span(
+                "switchyard.route",
+                SpanKind::Internal,
+                new_span_id(),
+                pick_start,
+                Instant::now(),
+                vec![
+                    ("switchyard.policy", policy.name().into()),
+                    ("switchyard.reason", decision.reason.as_str().into()),
+                    ("switchyard.worker", worker.id.as_ref().into()),
+                ],
+                false,
+            );
+        }
+        worker.state.stats.note_tokens(prompt_tokens);
 
         // Phases: prepare and send.
         match send(ctx, decision.index, ctx.body.clone(), deadline).await {
@@ -146,8 +199,26 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
                 }
+                if let Some(usd) = est_cost {
+                    telemetry::record_estimated_cost(&pool_label, usd);
+                }
                 // Phase: on response.
-                return Ok(respond(ctx, resp, decision.index, decision.reason, guard, deadline));
+                let mut out = respond(ctx, resp, decision.index, decision.reason, guard, deadline);
+                if ctx.debug_headers {
+                    let mut v = format!(
+                        "{}; policy={}; reason={}",
+                        worker.id,
+                        policy.name(),
+                        decision.reason.as_str()
+                    );
+                    if let Some(usd) = est_cost {
+                        v.push_str(&format!("; est_cost_usd={usd:.9}"));
+                    }
+                    if let Ok(v) = HeaderValue::from_str(&v) {
+                        out.headers_mut().insert(ROUTE_HEADER, v);
+                    }
+                }
+                return Ok(out);
             }
             Err(err) => {
                 let retry = err.retryable();
@@ -174,13 +245,42 @@ pub(crate) async fn send(
     let health = ctx.health;
     let worker = &route.workers[idx];
     let metrics = &route.metrics[idx];
-    let upstream_req = prepare(ctx, worker, body)?;
+    let attempt_span = new_span_id();
+    let upstream_req = prepare(ctx, worker, body, attempt_span)?;
     let guard = worker.begin(route.pool.queue.as_ref());
     let wait = ctx
         .timeouts
         .first_byte
         .min(deadline.saturating_duration_since(Instant::now()));
-    let err = match tokio::time::timeout(wait, ctx.client.request(upstream_req)).await {
+    let sent = Instant::now();
+    let result = tokio::time::timeout(wait, ctx.client.request(upstream_req)).await;
+    ctx.tags.add_waited(sent.elapsed());
+    let attempt = ctx.tags.add_attempt();
+    if ctx.tags.tracing() {
+        let (label, error) = match &result {
+            Ok(Ok(r)) => (
+                attempt_result(r.status().as_u16()),
+                r.status().is_server_error(),
+            ),
+            Ok(Err(e)) if e.is_connect() => ("upstream_connect", true),
+            Ok(Err(_)) => ("upstream_failed", true),
+            Err(_) => ("upstream_timeout", true),
+        };
+        ctx.tags.child_span(
+            "switchyard.upstream_attempt",
+            SpanKind::Client,
+            attempt_span,
+            sent,
+            Instant::now(),
+            vec![
+                ("switchyard.worker", worker.id.as_ref().into()),
+                ("switchyard.attempt", attempt.into()),
+                ("switchyard.result", label.into()),
+            ],
+            error,
+        );
+    }
+    let err = match result {
         Err(_) => GatewayError::UpstreamTimeout {
             worker: worker.id.clone(),
             after: wait,
@@ -197,7 +297,7 @@ pub(crate) async fn send(
             let status = resp.status();
             metrics.record_attempt(attempt_result(status.as_u16()));
             if status.as_u16() == 429 {
-                health::on_overloaded(worker, health);
+                health::on_overloaded(worker, &route.workers, health);
             } else if status.is_server_error() {
                 worker.state.failures.fetch_add(1, Ordering::Relaxed);
                 health::on_failure(worker, &route.workers, health);
@@ -277,6 +377,7 @@ fn prepare(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
     body: Bytes,
+    attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let pq = ctx
         .parts
@@ -313,6 +414,7 @@ fn prepare(
         headers.insert(header::AUTHORIZATION, auth.clone());
     }
     headers.insert("x-request-id", ctx.request_id.clone());
+    headers.insert(TRACEPARENT, ctx.tags.trace.upstream_header(attempt_span));
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
@@ -331,6 +433,15 @@ pub(crate) fn respond(
     deadline: Instant,
 ) -> Response<Body> {
     let worker = &ctx.route.workers[idx];
+    // The response's tags: the route as finally taken. Predicted cached tokens
+    // come from the prefix index once the routing branch provides them.
+    let tags = ctx.tags.for_response(
+        &SharedString::from(ctx.route.pool.name.clone()),
+        worker,
+        ctx.route.policy.name(),
+        reason.as_str(),
+        None,
+    );
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     let sse = parts
@@ -349,6 +460,7 @@ pub(crate) fn respond(
             idle: ctx.timeouts.idle,
             deadline,
             guard,
+            tags,
         },
     );
     if ctx.debug_headers {

@@ -11,4 +11,4 @@ pub mod retry_budget;
 
 pub use client::{UpstreamBody, UpstreamClient};
 pub use error::GatewayError;
-pub use forward::{forward, ForwardContext};
+pub use forward::{forward, ForwardContext, POLICY_HEADER, ROUTE_HEADER, SESSION_HEADER};

@@ -5,15 +5,15 @@
 
 use crate::api::ErrorBody;
 use crate::pool::InFlightGuard;
-use crate::telemetry::{names, Outcome, PairMetrics, RequestMetrics};
+use crate::telemetry::{self, names, Finished, Outcome, PairMetrics, RequestMetrics, RequestTags};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
 use metrics::counter;
-use std::sync::Arc;
 use serde::Deserialize;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -72,6 +72,8 @@ pub struct ObserveParams {
     pub idle: Duration,
     pub deadline: Instant,
     pub guard: InFlightGuard,
+    /// Request context for metrics labels, cost, access log and trace.
+    pub tags: RequestTags,
 }
 
 /// Measurements taken from the bytes as they pass.
@@ -80,6 +82,9 @@ struct Observer {
     first_content: Option<Instant>,
     last_content: Option<Instant>,
     content_events: u64,
+    /// Sum of inter-token gaps, for the mean ITL.
+    itl_sum: Duration,
+    response_bytes: u64,
     usage: Option<Usage>,
     /// Partial SSE line carried to the next chunk.
     line: Vec<u8>,
@@ -90,6 +95,7 @@ struct Observer {
 
 impl Observer {
     fn on_data(&mut self, chunk: &[u8], now: Instant) {
+        self.response_bytes += chunk.len() as u64;
         if !self.p.sse {
             if chunk.len() >= TAIL_BYTES {
                 self.tail.clear();
@@ -148,11 +154,12 @@ impl Observer {
         if carries_content(data) {
             match self.last_content {
                 None => self.first_content = Some(now),
-                Some(prev) => self
-                    .p
-                    .metrics
-                    .itl
-                    .record(now.duration_since(prev).as_secs_f64()),
+                Some(prev) => {
+                    let gap = now.duration_since(prev);
+                    self.p.metrics.itl.record(gap.as_secs_f64());
+                    self.p.tags.hub.record_itl(gap);
+                    self.itl_sum += gap;
+                }
             }
             self.last_content = Some(now);
             self.content_events += 1;
@@ -192,10 +199,20 @@ impl Drop for Observer {
             } else {
                 self.content_events
             },
+            mean_itl: (self.content_events > 1)
+                .then(|| self.itl_sum / (self.content_events - 1) as u32),
+            response_bytes: self.response_bytes,
         };
-        self.p
-            .metrics
-            .record_request(self.p.endpoint, self.p.status, outcome, &m);
+        telemetry::record_request(
+            &self.p.tags,
+            Finished {
+                pair: &self.p.metrics,
+                endpoint: telemetry::ENDPOINTS[self.p.endpoint],
+                status: self.p.status,
+                outcome,
+                m: &m,
+            },
+        );
     }
 }
 
@@ -228,6 +245,8 @@ impl<B> ObservedBody<B> {
                 first_content: None,
                 last_content: None,
                 content_events: 0,
+                itl_sum: Duration::ZERO,
+                response_bytes: 0,
                 usage: None,
                 line: Vec::new(),
                 tail: Vec::new(),

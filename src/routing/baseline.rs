@@ -75,10 +75,7 @@ mod tests {
     use crate::routing::test_support::workers;
 
     fn req(info: &RequestInfo) -> RouteRequest<'_> {
-        RouteRequest {
-            info,
-            session: None,
-        }
+        RouteRequest::new(info, None)
     }
 
     #[test]

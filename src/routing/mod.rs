@@ -1,22 +1,49 @@
 //! Choosing a worker. A policy is a pure function of the request's features and the
-//! route's workers: no I/O, no locks, no allocation per pick. The caller passes an
-//! `accept` predicate that refuses workers already tried or unavailable.
+//! route's workers with their live stats: no I/O, no locks on the decision path
+//! beyond the prefix index's sharded reads. The caller passes an `accept` predicate
+//! that refuses workers already tried or unavailable.
+//!
+//! Policies: the baselines (`round_robin`, `random`) and the [`Pipeline`]: filters
+//! (eligible labels, `accept`, stale stats) → weighted scorers in [0, 1] (prefix,
+//! queue, cost, session, kv) → bounded-load / headroom spill → the highest score,
+//! ties broken by rendezvous hashing on a stable request key. `least_queue`,
+//! `prefix`, `cost` and `session` are presets of the pipeline; `weighted` takes
+//! its scorers from the config.
 
 mod baseline;
+mod pipeline;
+pub mod prefix_index;
 pub mod rendezvous;
 
 pub use baseline::{RandomPolicy, RoundRobin};
+pub use pipeline::{hash_blocks, Pipeline};
+pub use prefix_index::PrefixIndex;
 
 use crate::api::RequestInfo;
-use crate::config::PolicyKind;
+use crate::config::{PolicyKind, PoolConfig};
 use crate::pool::Worker;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Why a worker was chosen; a low-cardinality metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
     RoundRobin,
     Random,
+    /// Lowest estimated queue.
+    LeastQueue,
+    /// The worker holds the longest run of the request's leading prefix blocks.
+    PrefixHit,
+    /// No worker holds the prefix: placed by rendezvous hashing of its first blocks.
+    NewPrefix,
+    /// The preferred worker was over the load bound (or without headroom): the
+    /// request went to the next candidate.
+    SpillOverload,
+    /// The cheapest worker with headroom.
+    Cheapest,
+    /// The rendezvous owner of the request's session key.
+    Session,
+    /// Lowest KV-cache usage.
+    LeastKv,
     /// Disaggregation: the prefill worker answered for the client (its error).
     Prefill,
     /// Disaggregation: the decode worker, chosen by load.
@@ -24,10 +51,31 @@ pub enum Reason {
 }
 
 impl Reason {
+    pub const ALL: &'static [Reason] = &[
+        Reason::RoundRobin,
+        Reason::Random,
+        Reason::LeastQueue,
+        Reason::PrefixHit,
+        Reason::NewPrefix,
+        Reason::SpillOverload,
+        Reason::Cheapest,
+        Reason::Session,
+        Reason::LeastKv,
+        Reason::Prefill,
+        Reason::Decode,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::RoundRobin => "round_robin",
             Reason::Random => "random",
+            Reason::LeastQueue => "least_queue",
+            Reason::PrefixHit => "prefix_hit",
+            Reason::NewPrefix => "new_prefix",
+            Reason::SpillOverload => "spill_overload",
+            Reason::Cheapest => "cheapest",
+            Reason::Session => "session",
+            Reason::LeastKv => "least_kv",
             Reason::Prefill => "pd_prefill",
             Reason::Decode => "pd_decode",
         }
@@ -41,11 +89,33 @@ pub struct Decision {
     pub reason: Reason,
 }
 
-/// What a policy may look at besides the workers.
+/// What a policy may look at besides the workers. Derived features (prefix block
+/// hashes) are computed once per request and shared by retries and `record`.
 pub struct RouteRequest<'a> {
     pub info: &'a RequestInfo,
     /// `x-session-id` header, when present.
     pub session: Option<&'a str>,
+    blocks: OnceLock<Vec<u64>>,
+}
+
+impl<'a> RouteRequest<'a> {
+    pub fn new(info: &'a RequestInfo, session: Option<&'a str>) -> RouteRequest<'a> {
+        RouteRequest {
+            info,
+            session,
+            blocks: OnceLock::new(),
+        }
+    }
+
+    /// The session key: `x-session-id`, else the body's `user`.
+    pub fn session_key(&self) -> Option<&str> {
+        self.session.or(self.info.user.as_deref())
+    }
+
+    /// The chained block hashes of the routing text, computed on first use.
+    pub fn blocks(&self, f: impl FnOnce() -> Vec<u64>) -> &[u64] {
+        self.blocks.get_or_init(f)
+    }
 }
 
 /// A routing policy.
@@ -59,14 +129,47 @@ pub trait Policy: Send + Sync {
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
     ) -> Option<Decision>;
+
+    /// The decision is final and the request is about to be sent: update any state
+    /// the policy learns from (the prefix index).
+    fn record(&self, _decision: &Decision, _req: &RouteRequest<'_>, _workers: &[Arc<Worker>]) {}
+
+    /// Estimated cost of the request on the chosen worker (USD), when priced.
+    fn estimate_cost(&self, _decision: &Decision, _req: &RouteRequest<'_>) -> Option<f64> {
+        None
+    }
 }
 
-/// Instantiate the policy a pool names.
-pub fn build(kind: PolicyKind) -> Box<dyn Policy> {
-    match kind {
+/// What building a route's policy needs.
+pub struct BuildContext<'a> {
+    pub kind: PolicyKind,
+    /// The model as configured (seeds prefix hashes).
+    pub model: &'a str,
+    pub pool: &'a PoolConfig,
+    /// The route's workers, in the order `pick` will see them.
+    pub workers: &'a [Arc<Worker>],
+    /// The pool's prefix index, when the pool keeps one.
+    pub index: Option<&'a Arc<PrefixIndex>>,
+}
+
+/// Instantiate a route's policy.
+pub fn build(ctx: &BuildContext<'_>) -> Box<dyn Policy> {
+    match ctx.kind {
         PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
         PolicyKind::Random => Box::new(RandomPolicy),
+        _ => Box::new(Pipeline::new(ctx)),
     }
+}
+
+/// Whether a pool needs a prefix index (its policy or an allowed override uses one).
+pub fn needs_index(pool: &PoolConfig) -> bool {
+    pool.routing.allow_policy_override
+        || pool.policy == PolicyKind::Prefix
+        || pool
+            .routing
+            .scorers
+            .iter()
+            .any(|(k, _)| *k == crate::config::ScorerKind::Prefix)
 }
 
 #[cfg(test)]

@@ -50,4 +50,35 @@ mod tests {
         let on3 = before.iter().filter(|&&b| b == 3).count();
         assert!((300..700).contains(&on3), "{on3} keys on worker 3 of 10");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Removing one of N workers moves exactly the keys it owned, and it
+        /// owned about 1/N of them.
+        #[test]
+        fn removal_moves_only_about_one_nth(n in 2usize..40, gone in 0usize..40, salt in 0u64..1000) {
+            let gone = gone % n;
+            let hashes: Vec<u64> = (0..n as u64)
+                .map(|i| xxhash_rust::xxh3::xxh3_64(&(i ^ (salt << 8)).to_le_bytes()))
+                .collect();
+            let keys = 2000u64;
+            let mut moved = 0u64;
+            for k in 0..keys {
+                let key = xxhash_rust::xxh3::xxh3_64(&(k + salt * keys).to_le_bytes());
+                let before = pick(key, hashes.iter().copied().enumerate()).unwrap();
+                let after = pick(key, hashes.iter().copied().enumerate().filter(|&(i, _)| i != gone)).unwrap();
+                if before != gone {
+                    proptest::prop_assert_eq!(before, after);
+                } else {
+                    moved += 1;
+                }
+            }
+            // Binomial(keys, 1/n): within 6 standard deviations of keys/n.
+            let p = 1.0 / n as f64;
+            let mean = keys as f64 * p;
+            let sd = (keys as f64 * p * (1.0 - p)).sqrt();
+            proptest::prop_assert!((moved as f64 - mean).abs() <= 6.0 * sd + 1.0,
+                "moved {moved} of {keys} keys with n = {n}");
+        }
+    }
 }

@@ -38,6 +38,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/admin/workers/drain", post(drain))
         .route("/admin/workers/undrain", post(undrain))
         .route("/admin/reload", post(reload))
+        .route("/admin/scaling", get(scaling))
         .layer(middleware::from_fn_with_state(gw.clone(), authenticate))
         .with_state(gw)
 }
@@ -160,6 +161,7 @@ async fn add(State(gw): State<Arc<Gateway>>, body: Json<AddWorker>) -> Response 
     let wc = WorkerConfig {
         url: url.clone(),
         labels: body.labels.clone(),
+        price_per_mtok: 0.0,
     };
     match gw.registry.add_worker(&body.pool, wc) {
         Ok(()) => (
@@ -198,6 +200,13 @@ async fn drain(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
 
 async fn undrain(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
     set_draining(&gw, &body.url, false)
+}
+
+/// `GET /admin/scaling`: the per-pool replica recommendation of the last tick,
+/// with the signals and targets behind it.
+async fn scaling(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
+    let fleet = gw.hub.fleet();
+    Json(serde_json::json!({ "t": fleet.t, "pools": fleet.pools }))
 }
 
 async fn reload(State(gw): State<Arc<Gateway>>) -> Response {

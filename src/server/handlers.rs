@@ -4,6 +4,7 @@ use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::proxy::{self, ForwardContext, GatewayError};
 use crate::telemetry;
+use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
@@ -24,10 +25,24 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let server = &snap.config.server;
     // The route, once known, names the model for error metrics.
     let mut known: Option<&Arc<crate::pool::ModelRoute>> = None;
+    // Admission: who is calling, and which trace this request belongs to.
+    let tenant = gw.tenancy.load().resolve(&parts.headers);
+    let sample = snap
+        .config
+        .observability
+        .tracing
+        .as_ref()
+        .map(|t| t.sample_ratio);
+    let trace = TraceContext::from_headers(&parts.headers, sample);
+    let mut tags = gw
+        .hub
+        .tags(snap.config.clone(), request_id.clone(), tenant, trace);
     let result = async {
         let body = read_body(body, &parts.headers, server.max_body_bytes).await?;
+        tags.request_bytes = body.len() as u64;
         let info = api::inspect(&body)
             .map_err(|InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
+        tags.stream = info.stream;
         let name = info
             .model
             .as_deref()
@@ -40,6 +55,22 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
             .route(name)
             .ok_or_else(|| GatewayError::UnknownModel(name.to_string()))?;
         known = Some(route);
+        tags.pool = Some(route.pool.name.clone().into());
+        if tags.tracing() {
+            let attrs = vec![
+                ("switchyard.tenant", (*tags.tenant.name).into()),
+                ("gen_ai.request.model", name.into()),
+            ];
+            tags.child_span(
+                "switchyard.admission",
+                SpanKind::Internal,
+                new_span_id(),
+                start,
+                Instant::now(),
+                attrs,
+                false,
+            );
+        }
         proxy::forward(ForwardContext {
             client: &gw.client,
             route,
@@ -52,6 +83,7 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
             health: &snap.config.health,
             debug_headers: server.debug_headers,
             start,
+            tags: &tags,
         })
         .await
     }
@@ -60,8 +92,17 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
         Ok(r) => r,
         Err(e) => {
             // Only configured model names become labels; anything else is "none".
-            let model = known.map(|r| &*r.model);
-            telemetry::record_gateway_error(model, e.reason(), e.status().as_u16());
+            let known = known.map(|r| &*r.model);
+            telemetry::record_gateway_error(known, e.reason(), e.status().as_u16());
+            gw.hub.finish_error(
+                &tags,
+                known,
+                endpoint.as_str(),
+                e.status().as_u16(),
+                e.class(),
+                e.reason(),
+                start.elapsed(),
+            );
             e.to_response()
         }
     };
@@ -112,7 +153,7 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    let text = telemetry::render(&gw.metrics, &gw.registry.snapshot());
+    let text = telemetry::render(&gw.metrics, &gw.registry.snapshot(), Some(&gw.hub));
     (
         [(
             header::CONTENT_TYPE,

@@ -32,29 +32,48 @@ pub struct Gateway {
     pub registry: Arc<Registry>,
     pub client: UpstreamClient,
     pub metrics: PrometheusHandle,
+    /// Cost, dashboard aggregates, fleet view, access log, traces.
+    pub hub: Arc<telemetry::Hub>,
+    /// API key → tenant; rebuilt on reload.
+    pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
     shutting_down: AtomicBool,
     reloader: arc_swap::ArcSwapOption<Reloader>,
 }
 
 impl Gateway {
-    /// Build the gateway state and start its background tasks (model discovery).
-    pub async fn start(config: Config) -> Arc<Gateway> {
+    /// Build the gateway state and start its background tasks (model, DNS and Kubernetes
+    /// discovery, health checks).
+    /// Fails only if the upstream TLS trust store cannot be built.
+    pub async fn start(config: Config) -> std::io::Result<Arc<Gateway>> {
         // The recorder first: building the registry's snapshot resolves per-(model,
         // worker) metric handles, which are no-ops if no recorder is installed yet.
         let metrics = telemetry::install();
         telemetry::spawn_upkeep(metrics.clone());
-        let client = UpstreamClient::new(config.server.timeouts.connect);
+        let ca_files: Vec<String> = config
+            .pools
+            .iter()
+            .filter_map(|p| p.upstream_ca_file.clone())
+            .collect();
+        let client = UpstreamClient::new(config.server.timeouts.connect, &ca_files)?;
+        let hub = telemetry::Hub::new(&config);
+        let tenancy =
+            arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
         let registry = Registry::new(config);
+        telemetry::hub::spawn_ticker(hub.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
+        pool::spawn_stats_poller(registry.clone(), client.clone());
         pool::spawn_health_checks(registry.clone(), client.clone());
         pool::spawn_dns_discovery(registry.clone());
-        Arc::new(Gateway {
+        pool::spawn_k8s_discovery(&registry);
+        Ok(Arc::new(Gateway {
             registry,
             client,
             metrics,
+            hub,
+            tenancy,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
-        })
+        }))
     }
 
     /// Set how a reload obtains the new config (re-read the file, re-apply flags).
@@ -69,6 +88,8 @@ impl Gateway {
         };
         match f() {
             Ok(cfg) => {
+                self.tenancy
+                    .store(Arc::new(crate::tenancy::Tenancy::new(&cfg.tenancy)));
                 self.registry.apply_config(cfg);
                 metrics::counter!(names::CONFIG_RELOADS_TOTAL, names::L_RESULT => "ok")
                     .increment(1);
@@ -100,6 +121,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
         .route("/metrics", get(handlers::metrics))
+        .merge(crate::dashboard::router(&gw))
         .fallback(handlers::fallback)
         .with_state(gw)
 }
@@ -131,7 +153,7 @@ impl ServerHandle {
 pub async fn spawn(config: Config) -> std::io::Result<ServerHandle> {
     let listener = TcpListener::bind(config.server.listen).await?;
     let addr = listener.local_addr()?;
-    let gateway = Gateway::start(config).await;
+    let gateway = Gateway::start(config).await?;
     let admin_addr = admin::spawn(gateway.clone()).await?;
     let (stop, mut rx) = tokio::sync::watch::channel(false);
     let gw = gateway.clone();

@@ -1,7 +1,16 @@
 //! Metrics: names and label keys in [`names`], the Prometheus recorder, and the
 //! per-request [`RequestMetrics`] recorded once when a response finishes or is dropped.
 
+pub mod access_log;
+pub mod cost;
+pub mod hub;
+pub mod labels;
 pub mod names;
+pub mod process;
+pub mod scaling;
+pub mod trace;
+
+pub use hub::{Finished, Hub, RequestTags};
 
 use crate::pool::Snapshot;
 use metrics::{counter, gauge, histogram, Counter, Histogram, SharedString};
@@ -18,12 +27,23 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
 ];
 
+/// Gateway-overhead buckets (seconds): 10 µs to 100 ms.
+pub const OVERHEAD_BUCKETS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1,
+];
+
 /// Install the process-wide Prometheus recorder (idempotent) and return its handle.
 pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .expect("static buckets are valid")
+                .set_buckets_for_metric(
+                    Matcher::Full(names::GATEWAY_OVERHEAD_SECONDS.into()),
+                    OVERHEAD_BUCKETS,
+                )
                 .expect("static buckets are valid")
                 .build_recorder();
             let handle = recorder.handle();
@@ -55,18 +75,50 @@ pub fn spawn_upkeep(handle: PrometheusHandle) {
 }
 
 /// Render the exposition text, refreshing the worker gauges from their atomics first.
-pub fn render(handle: &PrometheusHandle, snap: &Snapshot) -> String {
+pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> String {
     for w in snap.workers() {
         let id = SharedString::from(w.id.to_string());
         gauge!(names::WORKER_IN_FLIGHT, names::L_WORKER => id.clone())
             .set(w.state.in_flight.load(Ordering::Relaxed) as f64);
-        gauge!(names::WORKER_HEALTHY, names::L_WORKER => id).set(if w.is_available() {
+        gauge!(names::WORKER_HEALTHY, names::L_WORKER => id.clone()).set(if w.is_available() {
             1.0
         } else {
             0.0
         });
+        let st = &w.state.stats;
+        let now = crate::pool::stats::now_ms();
+        let load = st.load(w.in_flight(), now, u64::MAX);
+        gauge!(names::WORKER_QUEUE, names::L_WORKER => id.clone()).set(load.queue);
+        gauge!(names::WORKER_WAITING, names::L_WORKER => id.clone())
+            .set(st.waiting.load(Ordering::Relaxed) as f64);
+        gauge!(names::WORKER_RUNNING, names::L_WORKER => id.clone())
+            .set(st.running.load(Ordering::Relaxed) as f64);
+        gauge!(names::WORKER_KV_USAGE_RATIO, names::L_WORKER => id.clone()).set(load.kv_usage);
+        gauge!(names::WORKER_STATS_AGE_SECONDS, names::L_WORKER => id)
+            .set(st.age_ms(now).map_or(-1.0, |a| a as f64 / 1000.0));
     }
-    handle.render()
+    for p in &snap.pools {
+        if let Some(ix) = &p.prefix_index {
+            let pool = SharedString::from(p.name.clone());
+            let m = ix.memory();
+            gauge!(names::PREFIX_INDEX_ENTRIES, names::L_POOL => pool.clone())
+                .set(m.entries as f64);
+            gauge!(names::PREFIX_INDEX_PAIRS, names::L_POOL => pool.clone()).set(m.pairs as f64);
+            gauge!(names::PREFIX_INDEX_BYTES, names::L_POOL => pool.clone()).set(m.bytes as f64);
+            counter!(names::PREFIX_INDEX_EVICTIONS_TOTAL, names::L_POOL => pool)
+                .absolute(m.evictions);
+        }
+    }
+    if let Some(hub) = hub {
+        hub.refresh_gauges();
+    }
+    let cpu = process::refresh();
+    let mut out = handle.render();
+    if let Some(hub) = hub {
+        hub.render_into(&mut out);
+    }
+    process::render_into(&mut out, cpu);
+    out
 }
 
 /// How a request ended, for the `outcome` label.
@@ -98,19 +150,23 @@ pub struct RequestMetrics {
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub output_tokens: u64,
+    /// Mean gap between content events (streams with at least two).
+    pub mean_itl: Option<Duration>,
+    /// Body bytes sent to the client.
+    pub response_bytes: u64,
 }
 
-/// Metric handles for one (model, worker) pair, resolved once when the routing
-/// snapshot is built so the request path does no registry lookups for them.
+/// Metric handles for one (model, worker) pair of a route, resolved once when the
+/// routing snapshot is built so the request path does no registry lookups for the
+/// latency histograms and attempt counter. Pool and region follow from the worker.
 pub struct PairMetrics {
     pub model: SharedString,
+    pub pool: SharedString,
     pub worker: SharedString,
+    pub region: SharedString,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
-    tokens: [Counter; 3],
-    /// `status="200", outcome="completed"`, by endpoint index.
-    completed: [Counter; ENDPOINTS.len()],
     attempt_ok: Counter,
 }
 
@@ -124,60 +180,28 @@ pub const ENDPOINTS: [&str; 5] = [
 ];
 
 impl PairMetrics {
-    pub fn new(model: SharedString, worker: SharedString) -> PairMetrics {
-        let pair = [
+    pub fn new(
+        model: SharedString,
+        pool: SharedString,
+        worker: SharedString,
+        region: SharedString,
+    ) -> PairMetrics {
+        let labels = [
             (names::L_MODEL, model.clone()),
+            (names::L_POOL, pool.clone()),
             (names::L_WORKER, worker.clone()),
+            (names::L_REGION, region.clone()),
         ];
-        let tokens = ["prompt", "cached", "output"].map(|kind| {
-            counter!(names::TOKENS_TOTAL, names::L_MODEL => model.clone(),
-                names::L_WORKER => worker.clone(), names::L_KIND => kind)
-        });
-        let completed = ENDPOINTS.map(|ep| {
-            counter!(names::REQUESTS_TOTAL, names::L_MODEL => model.clone(),
-                names::L_WORKER => worker.clone(), names::L_ENDPOINT => ep,
-                names::L_STATUS => "200", names::L_OUTCOME => Outcome::Completed.as_str())
-        });
         PairMetrics {
-            ttft: histogram!(names::TTFT_SECONDS, &pair),
-            itl: histogram!(names::ITL_SECONDS, &pair),
-            e2e: histogram!(names::E2E_SECONDS, &pair),
-            tokens,
-            completed,
+            ttft: histogram!(names::TTFT_SECONDS, &labels),
+            itl: histogram!(names::ITL_SECONDS, &labels),
+            e2e: histogram!(names::E2E_SECONDS, &labels),
             attempt_ok: counter!(names::UPSTREAM_ATTEMPTS_TOTAL,
                 names::L_WORKER => worker.clone(), names::L_RESULT => "ok"),
             model,
+            pool,
             worker,
-        }
-    }
-
-    /// Record a finished proxied request.
-    pub fn record_request(&self, endpoint: usize, status: u16, outcome: Outcome, m: &RequestMetrics) {
-        if status == 200 && outcome == Outcome::Completed && endpoint < ENDPOINTS.len() {
-            self.completed[endpoint].increment(1);
-        } else {
-            counter!(
-                names::REQUESTS_TOTAL,
-                names::L_MODEL => self.model.clone(),
-                names::L_WORKER => self.worker.clone(),
-                names::L_ENDPOINT => ENDPOINTS[endpoint.min(ENDPOINTS.len() - 1)],
-                names::L_STATUS => status_label(status),
-                names::L_OUTCOME => outcome.as_str()
-            )
-            .increment(1);
-        }
-        self.e2e.record(m.e2e.as_secs_f64());
-        if let Some(t) = m.ttft {
-            self.ttft.record(t.as_secs_f64());
-        }
-        for (c, n) in self.tokens.iter().zip([
-            m.prompt_tokens.unwrap_or(0),
-            m.cached_tokens.unwrap_or(0),
-            m.output_tokens,
-        ]) {
-            if n > 0 {
-                c.increment(n);
-            }
+            region,
         }
     }
 
@@ -194,6 +218,19 @@ impl PairMetrics {
             .increment(1);
         }
     }
+}
+
+/// Record a finished proxied request: Prometheus families, cost, cache accuracy,
+/// dashboard aggregates, access log and trace (see [`Hub::finish`]).
+pub fn record_request(tags: &RequestTags, f: Finished<'_>) {
+    tags.hub.finish(tags, f);
+}
+
+/// Record the time a request spent in the gateway itself (not waiting on a
+/// worker, the pool queue or a retry backoff).
+pub fn record_overhead(pool: &SharedString, d: Duration) {
+    histogram!(names::GATEWAY_OVERHEAD_SECONDS, names::L_POOL => pool.clone())
+        .record(d.as_secs_f64());
 }
 
 /// Record a request the gateway answered itself with an error.
@@ -214,6 +251,29 @@ pub fn record_decision(pool: &SharedString, policy: &'static str, reason: &'stat
         names::L_POOL => pool.clone(),
         names::L_POLICY => policy,
         names::L_REASON => reason
+    )
+    .increment(1);
+}
+
+/// Record a failed `/metrics` scrape.
+pub fn record_stats_poll_error(worker: &SharedString) {
+    counter!(names::STATS_POLL_ERRORS_TOTAL, names::L_WORKER => worker.clone()).increment(1);
+}
+
+/// Add a routed request's estimated cost (USD) to the pool's total.
+pub fn record_estimated_cost(pool: &SharedString, usd: f64) {
+    if usd > 0.0 && usd.is_finite() {
+        counter!(names::ESTIMATED_COST_MICRODOLLARS_TOTAL, names::L_POOL => pool.clone())
+            .increment((usd * 1e6).round() as u64);
+    }
+}
+
+/// Record an honoured `x-switchyard-policy` override.
+pub fn record_policy_override(pool: &SharedString, policy: &'static str) {
+    counter!(
+        names::POLICY_OVERRIDES_TOTAL,
+        names::L_POOL => pool.clone(),
+        names::L_POLICY => policy
     )
     .increment(1);
 }

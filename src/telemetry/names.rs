@@ -14,6 +14,19 @@ pub const STREAM_ERRORS_TOTAL: &str = "switchyard_stream_errors_total";
 pub const ROUTING_DECISIONS_TOTAL: &str = "switchyard_routing_decisions_total";
 pub const WORKER_IN_FLIGHT: &str = "switchyard_worker_in_flight";
 pub const WORKER_HEALTHY: &str = "switchyard_worker_healthy";
+pub const WORKER_QUEUE: &str = "switchyard_worker_queue";
+pub const WORKER_WAITING: &str = "switchyard_worker_waiting";
+pub const WORKER_RUNNING: &str = "switchyard_worker_running";
+pub const WORKER_KV_USAGE_RATIO: &str = "switchyard_worker_kv_usage_ratio";
+pub const WORKER_STATS_AGE_SECONDS: &str = "switchyard_worker_stats_age_seconds";
+pub const STATS_POLL_ERRORS_TOTAL: &str = "switchyard_stats_poll_errors_total";
+pub const PREFIX_INDEX_ENTRIES: &str = "switchyard_prefix_index_entries";
+pub const PREFIX_INDEX_PAIRS: &str = "switchyard_prefix_index_pairs";
+pub const PREFIX_INDEX_BYTES: &str = "switchyard_prefix_index_bytes";
+pub const PREFIX_INDEX_EVICTIONS_TOTAL: &str = "switchyard_prefix_index_evictions_total";
+pub const ESTIMATED_COST_MICRODOLLARS_TOTAL: &str =
+    "switchyard_routing_estimated_cost_microdollars_total";
+pub const POLICY_OVERRIDES_TOTAL: &str = "switchyard_routing_policy_overrides_total";
 pub const WORKER_STATE: &str = "switchyard_worker_state";
 pub const EJECTIONS_TOTAL: &str = "switchyard_worker_ejections_total";
 pub const EJECTIONS_REFUSED_TOTAL: &str = "switchyard_worker_ejections_refused_total";
@@ -27,6 +40,31 @@ pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
+
+// ---- Observability and cost (issue 6) ----
+pub const COST_USD_TOTAL: &str = "switchyard_cost_usd_total";
+pub const GATEWAY_OVERHEAD_SECONDS: &str = "switchyard_gateway_overhead_seconds";
+pub const PROCESS_CPU_SECONDS_TOTAL: &str = "switchyard_process_cpu_seconds_total";
+pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "switchyard_process_resident_memory_bytes";
+pub const CACHE_PREDICTED_TOKENS_TOTAL: &str = "switchyard_cache_predicted_tokens_total";
+pub const CACHE_ACTUAL_TOKENS_TOTAL: &str = "switchyard_cache_actual_tokens_total";
+pub const CACHE_PREDICTIONS_TOTAL: &str = "switchyard_cache_predictions_total";
+pub const CACHE_PREDICTION_RATIO: &str = "switchyard_cache_prediction_ratio";
+pub const POOL_IMBALANCE_RATIO: &str = "switchyard_pool_imbalance_ratio";
+pub const POOL_IDLE_WORKERS: &str = "switchyard_pool_idle_workers";
+pub const POOL_SATURATION_RATIO: &str = "switchyard_pool_saturation_ratio";
+pub const POOL_REPLICAS: &str = "switchyard_pool_replicas";
+pub const POOL_DESIRED_REPLICAS: &str = "switchyard_pool_desired_replicas";
+pub const ACCESS_LOG_RECORDS_TOTAL: &str = "switchyard_access_log_records_total";
+pub const ACCESS_LOG_DROPPED_TOTAL: &str = "switchyard_access_log_dropped_total";
+pub const TRACE_SPANS_DROPPED_TOTAL: &str = "switchyard_trace_spans_dropped_total";
+pub const TRACE_EXPORTS_TOTAL: &str = "switchyard_trace_exports_total";
+pub const LABEL_OVERFLOW_TOTAL: &str = "switchyard_label_overflow_total";
+
+pub const L_REGION: &str = "region";
+pub const L_TENANT: &str = "tenant";
+pub const L_CLASS: &str = "class";
+pub const L_LABEL: &str = "label";
 
 pub const L_MODEL: &str = "model";
 pub const L_WORKER: &str = "worker";
@@ -90,5 +128,124 @@ pub fn describe() {
     describe_gauge!(
         WORKER_HEALTHY,
         "1 when the worker takes new requests, 0 when ejected or draining."
+    );
+    describe_observability();
+    describe_routing();
+}
+
+/// Help text for the observability and cost metrics (issue 6).
+fn describe_observability() {
+    describe_histogram!(
+        GATEWAY_OVERHEAD_SECONDS,
+        Unit::Seconds,
+        "Time a request spent in the gateway itself: arrival to response head, minus upstream waits, queue waits and retry backoff."
+    );
+    describe_gauge!(
+        PROCESS_RESIDENT_MEMORY_BYTES,
+        "Resident memory of the gateway process."
+    );
+    describe_counter!(
+        CACHE_PREDICTED_TOKENS_TOTAL,
+        "Prompt tokens the router predicted the chosen worker had cached, over requests with a prediction and usage."
+    );
+    describe_counter!(
+        CACHE_ACTUAL_TOKENS_TOTAL,
+        "Cached prompt tokens the worker reported in usage, over the same requests."
+    );
+    describe_counter!(
+        CACHE_PREDICTIONS_TOTAL,
+        "Requests with a cache prediction, by result: hit (both > 0), false_hit (predicted, none cached), missed_hit (not predicted, cached), miss."
+    );
+    describe_gauge!(
+        CACHE_PREDICTION_RATIO,
+        "Actual cached tokens / predicted cached tokens since start (1 = perfect; < 1 over-prediction)."
+    );
+    describe_gauge!(
+        POOL_IMBALANCE_RATIO,
+        "Max / mean of per-worker load (queue, else in-flight) over a pool's available workers; 1 when balanced or idle."
+    );
+    describe_gauge!(
+        POOL_IDLE_WORKERS,
+        "Available workers with no new request for telemetry.idle_worker_after_ms while another worker of the pool has requests waiting."
+    );
+    describe_gauge!(
+        POOL_SATURATION_RATIO,
+        "Pool load against its scaling targets: the largest of queue/target, KV usage/target and TTFT p90/target."
+    );
+    describe_gauge!(POOL_REPLICAS, "Available workers in the pool.");
+    describe_gauge!(
+        POOL_DESIRED_REPLICAS,
+        "Recommended replica count for the pool (see docs/observability.md for the formula)."
+    );
+    describe_counter!(ACCESS_LOG_RECORDS_TOTAL, "Access-log records written.");
+    describe_counter!(
+        ACCESS_LOG_DROPPED_TOTAL,
+        "Access-log records dropped because the writer's buffer was full."
+    );
+    describe_counter!(
+        TRACE_SPANS_DROPPED_TOTAL,
+        "Spans dropped because the exporter's buffer was full."
+    );
+    describe_counter!(
+        TRACE_EXPORTS_TOTAL,
+        "OTLP export requests by result (ok, error)."
+    );
+    describe_counter!(
+        LABEL_OVERFLOW_TOTAL,
+        "Label values mapped to `other` because the label's configured limit was reached."
+    );
+}
+
+/// Help text for the worker-stats and routing metrics (issue 4).
+fn describe_routing() {
+    describe_gauge!(
+        WORKER_QUEUE,
+        "Estimated requests queued or running on the worker as routing sees it: waiting + running from the last scrape, corrected by requests started and finished since."
+    );
+    describe_gauge!(
+        WORKER_WAITING,
+        "Waiting requests reported by the worker's last /metrics scrape."
+    );
+    describe_gauge!(
+        WORKER_RUNNING,
+        "Running requests reported by the worker's last /metrics scrape."
+    );
+    describe_gauge!(
+        WORKER_KV_USAGE_RATIO,
+        "KV-cache usage (0..1) reported by the worker's last /metrics scrape."
+    );
+    describe_gauge!(
+        WORKER_STATS_AGE_SECONDS,
+        Unit::Seconds,
+        "Age of the worker's last successful /metrics scrape (-1 if never scraped)."
+    );
+    describe_counter!(
+        STATS_POLL_ERRORS_TOTAL,
+        "Failed /metrics scrapes by worker (connect error, bad status, timeout, unknown dialect)."
+    );
+    describe_gauge!(
+        PREFIX_INDEX_ENTRIES,
+        "Distinct prefix blocks tracked by the pool's prefix index."
+    );
+    describe_gauge!(
+        PREFIX_INDEX_PAIRS,
+        "(block, worker) pairs held by the pool's prefix index; bounded by index_max_blocks."
+    );
+    describe_gauge!(
+        PREFIX_INDEX_BYTES,
+        Unit::Bytes,
+        "Estimated memory of the pool's prefix index (map capacity plus per-worker LRU rings)."
+    );
+    describe_counter!(
+        PREFIX_INDEX_EVICTIONS_TOTAL,
+        "(block, worker) pairs evicted from the pool's prefix index by the per-worker LRU bound."
+    );
+    describe_counter!(
+        ESTIMATED_COST_MICRODOLLARS_TOTAL,
+        "Estimated cost of routed requests in micro-USD: worker price_per_mtok × (prompt bytes / bytes_per_token + max_tokens)."
+    );
+    describe_counter!(
+        POLICY_OVERRIDES_TOTAL,
+        "Requests whose x-switchyard-policy header was honoured, by pool and policy."
     );
 }

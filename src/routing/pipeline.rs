@@ -1,0 +1,790 @@
+//! The scoring pipeline behind `least_queue`, `prefix`, `cost`, `session` and
+//! `weighted`: filters → weighted scorers in [0, 1] → spill rules → max score, ties
+//! broken by rendezvous hashing on a stable request key.
+//!
+//! Spill rules: a worker whose stats are stale is never preferred over a fresh one;
+//! with a load bound (`prefix`, `session`, `weighted`), a worker whose estimated
+//! queue exceeds `(1 + ε) × mean + slack` is passed over while any other is within
+//! it; with headroom (`cost`, or `weighted` with a cost scorer), a worker whose
+//! queue reaches `target_queue` is passed over while any other has headroom.
+
+use super::prefix_index::{PrefixIndex, REPLICAS};
+use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
+use crate::config::{PolicyKind, ScorerKind};
+use crate::pool::stats::{now_ms, Freshness};
+use crate::pool::Worker;
+use rand::Rng;
+use std::sync::Arc;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// Most prefix blocks hashed per request (beyond: not indexed). With the default
+/// 256-byte blocks this is 1 MiB of routing text.
+pub const MAX_BLOCKS: usize = 4096;
+/// New prefixes are placed by the chain hash of this many leading blocks (or all
+/// of them when fewer): enough to tell apart prompts sharing a boilerplate opening.
+pub const PLACEMENT_BLOCKS: usize = 4;
+/// Scores closer than this tie.
+const TIE: f64 = 1e-9;
+
+/// Split `text` into full `block_bytes` blocks and hash them as a chain seeded by
+/// `seed`: block i's hash covers blocks 0..=i. The trailing partial block is left
+/// out (engines cache only full blocks, and it is where requests differ).
+pub fn hash_blocks(text: &[u8], seed: u64, block_bytes: usize) -> Vec<u64> {
+    let mut h = seed;
+    text.chunks_exact(block_bytes.max(1))
+        .take(MAX_BLOCKS)
+        .map(|c| {
+            h = xxh3_64_with_seed(c, h);
+            h
+        })
+        .collect()
+}
+
+/// A configured pipeline (see the module docs).
+pub struct Pipeline {
+    name: &'static str,
+    scorers: Vec<(ScorerKind, f64)>,
+    bounded: bool,
+    headroom: bool,
+    power_of_two: bool,
+    load_epsilon: f64,
+    load_slack: f64,
+    target_queue: f64,
+    stale_after_ms: u64,
+    block_bytes: usize,
+    block_tokens: u64,
+    bytes_per_token: u64,
+    default_worker_blocks: u64,
+    /// xxh3 of the model name; prefix hashes are seeded by it and the cache salt.
+    model_seed: u64,
+    /// Per worker: passes the label filter.
+    eligible: Vec<bool>,
+    /// Per worker: USD per 1M tokens.
+    prices: Vec<f64>,
+    /// Per worker: prefix-index slot (0 = not indexed).
+    slots: Vec<u16>,
+    /// Slot → worker index (`u32::MAX` = not in this route).
+    slot_to_index: Vec<u32>,
+    index: Option<Arc<PrefixIndex>>,
+}
+
+/// One candidate during a pick.
+#[derive(Clone, Copy)]
+struct Cand {
+    i: usize,
+    queue: f64,
+    kv: f64,
+    stale: bool,
+    score: f64,
+}
+
+impl Pipeline {
+    pub fn new(ctx: &BuildContext<'_>) -> Pipeline {
+        let r = &ctx.pool.routing;
+        let (name, scorers, bounded, headroom): (_, Vec<(ScorerKind, f64)>, _, _) = match ctx.kind {
+            PolicyKind::Prefix => ("prefix", vec![(ScorerKind::Prefix, 1.0)], true, false),
+            PolicyKind::Cost => (
+                "cost",
+                vec![(ScorerKind::Cost, 1.0), (ScorerKind::Queue, 0.01)],
+                false,
+                true,
+            ),
+            PolicyKind::Session => (
+                "session",
+                vec![(ScorerKind::Session, 1.0), (ScorerKind::Queue, 0.01)],
+                true,
+                false,
+            ),
+            PolicyKind::Weighted => {
+                let cost = r.scorers.iter().any(|(k, _)| *k == ScorerKind::Cost);
+                ("weighted", r.scorers.clone(), true, cost)
+            }
+            // least_queue (and, defensively, anything else).
+            _ => ("least_queue", vec![(ScorerKind::Queue, 1.0)], false, false),
+        };
+        let uses_prefix = scorers.iter().any(|(k, _)| *k == ScorerKind::Prefix);
+        let index = ctx.index.filter(|_| uses_prefix).cloned();
+        let slots = match &index {
+            Some(ix) => {
+                let ids: Vec<Arc<str>> = ctx.workers.iter().map(|w| w.id.clone()).collect();
+                ix.slots(&ids)
+            }
+            None => vec![0; ctx.workers.len()],
+        };
+        let mut slot_to_index =
+            vec![u32::MAX; slots.iter().copied().max().unwrap_or(0) as usize + 1];
+        for (i, &s) in slots.iter().enumerate() {
+            if s != 0 {
+                slot_to_index[s as usize] = i as u32;
+            }
+        }
+        let eligible = ctx
+            .workers
+            .iter()
+            .map(|w| {
+                r.require_labels
+                    .iter()
+                    .all(|(k, v)| w.labels.get(k) == Some(v))
+            })
+            .collect();
+        let prices = ctx
+            .workers
+            .iter()
+            .map(|w| {
+                ctx.pool
+                    .workers
+                    .iter()
+                    .find(|wc| *wc.url == *w.id)
+                    .map_or(0.0, |wc| wc.price_per_mtok)
+            })
+            .collect();
+        Pipeline {
+            name,
+            scorers,
+            bounded,
+            headroom,
+            power_of_two: r.power_of_two && ctx.kind == PolicyKind::LeastQueue,
+            load_epsilon: r.load_epsilon,
+            load_slack: r.load_slack,
+            target_queue: r.target_queue,
+            stale_after_ms: r.stale_after.as_millis() as u64,
+            block_bytes: r.block_bytes(),
+            block_tokens: r.block_tokens.get() as u64,
+            bytes_per_token: r.bytes_per_token.get() as u64,
+            default_worker_blocks: r.default_worker_blocks,
+            model_seed: xxh3_64(ctx.model.as_bytes()),
+            eligible,
+            prices,
+            slots,
+            slot_to_index,
+            index,
+        }
+    }
+
+    fn has(&self, k: ScorerKind) -> bool {
+        self.scorers.iter().any(|(s, _)| *s == k)
+    }
+
+    fn blocks<'r>(&self, req: &'r RouteRequest<'_>) -> &'r [u64] {
+        req.blocks(|| {
+            let Some(text) = &req.info.routing_text else {
+                return Vec::new();
+            };
+            let seed = match &req.info.cache_salt {
+                Some(salt) => xxh3_64_with_seed(salt.as_bytes(), self.model_seed),
+                None => self.model_seed,
+            };
+            hash_blocks(text, seed, self.block_bytes)
+        })
+    }
+
+    /// The stable key that breaks ties: the session key, else the prefix placement
+    /// hash, else the whole routing text.
+    fn tie_key(&self, req: &RouteRequest<'_>, blocks: &[u64]) -> u64 {
+        if self.has(ScorerKind::Session) {
+            if let Some(s) = req.session_key() {
+                return xxh3_64(s.as_bytes());
+            }
+        }
+        if let Some(&h) = blocks.get(blocks.len().min(PLACEMENT_BLOCKS).wrapping_sub(1)) {
+            return h;
+        }
+        req.info
+            .routing_text
+            .as_ref()
+            .map_or(self.model_seed, |t| xxh3_64_with_seed(t, self.model_seed))
+    }
+
+    /// The index of the best candidate among those `ok` admits: highest score;
+    /// among equal positive scores the shorter queue; remaining ties by
+    /// rendezvous weight on `key` (so zero-score ties — nobody has a preference —
+    /// are decided the same way on every replica).
+    fn best(
+        cands: &[Cand],
+        workers: &[Arc<Worker>],
+        key: u64,
+        ok: impl Fn(&Cand) -> bool,
+    ) -> Option<usize> {
+        let mut best: Option<(usize, f64, u64)> = None;
+        for (k, c) in cands.iter().enumerate().filter(|(_, c)| ok(c)) {
+            match best {
+                None => best = Some((k, c.score, 0)),
+                Some((bk, bs, mut bw)) => {
+                    let by_queue = bs > TIE && (c.score - bs).abs() <= TIE;
+                    if c.score > bs + TIE || (by_queue && c.queue < cands[bk].queue) {
+                        best = Some((k, c.score, 0));
+                    } else if c.score >= bs - TIE && !(by_queue && c.queue > cands[bk].queue) {
+                        // A tie: compute rendezvous weights only now.
+                        if bw == 0 {
+                            bw = rendezvous::weight(key, workers[cands[bk].i].id_hash);
+                            best = Some((bk, bs, bw));
+                        }
+                        let w = rendezvous::weight(key, workers[c.i].id_hash);
+                        if w > bw {
+                            best = Some((k, c.score, w));
+                        }
+                    }
+                }
+            }
+        }
+        best.map(|b| b.0)
+    }
+
+    fn pick_two(&self, cands: &[Cand], workers: &[Arc<Worker>], key: u64) -> usize {
+        if cands.len() == 1 {
+            return 0;
+        }
+        let mut rng = rand::thread_rng();
+        let a = rng.gen_range(0..cands.len());
+        let mut b = rng.gen_range(0..cands.len() - 1);
+        if b >= a {
+            b += 1;
+        }
+        let pair = [cands[a], cands[b]];
+        let k = Self::best(&pair, workers, key, |_| true).unwrap_or(0);
+        [a, b][k]
+    }
+}
+
+impl super::Policy for Pipeline {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn pick(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+    ) -> Option<Decision> {
+        self.pick_at(req, workers, accept, now_ms())
+    }
+
+    fn record(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
+        self.record_impl(d, req, workers)
+    }
+
+    fn estimate_cost(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<f64> {
+        self.estimate_cost_impl(d, req)
+    }
+}
+
+impl Pipeline {
+    /// [`Policy::pick`](super::Policy::pick) at an explicit time (`pool::stats::now_ms` scale).
+    pub fn pick_at(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+    ) -> Option<Decision> {
+        let mut cands: Vec<Cand> = Vec::with_capacity(workers.len());
+        for (i, w) in workers.iter().enumerate() {
+            if !self.eligible.get(i).copied().unwrap_or(false) || !accept(i) {
+                continue;
+            }
+            let l = w.state.stats.load(w.in_flight(), now, self.stale_after_ms);
+            cands.push(Cand {
+                i,
+                queue: l.queue,
+                kv: l.kv_usage,
+                stale: l.freshness == Freshness::Stale,
+                score: 0.0,
+            });
+        }
+        if cands.is_empty() {
+            return None;
+        }
+        // Stale stats count as fully loaded — unless every candidate is stale, when
+        // the gateway's own counts are all there is.
+        let all_stale = cands.iter().all(|c| c.stale);
+        if all_stale {
+            cands.iter_mut().for_each(|c| c.stale = false);
+        }
+        let (mut sum, mut n, mut max_q) = (0.0, 0.0, 0.0f64);
+        for c in cands.iter().filter(|c| !c.stale) {
+            sum += c.queue;
+            n += 1.0;
+            max_q = max_q.max(c.queue);
+        }
+        let mean = sum / n;
+
+        let blocks: &[u64] = if self.has(ScorerKind::Prefix) {
+            self.blocks(req)
+        } else {
+            &[]
+        };
+        let key = self.tie_key(req, blocks);
+
+        // Scores.
+        let mut depth_of = [(usize::MAX, 0u32); REPLICAS];
+        let mut matched = 0;
+        if let (Some(ix), false) = (&self.index, blocks.is_empty()) {
+            let mut out = [(0u16, 0u32); REPLICAS];
+            let m = ix.lookup(blocks, &mut out);
+            for &(slot, depth) in &out[..m] {
+                if let Some(&i) = self.slot_to_index.get(slot as usize) {
+                    if i != u32::MAX {
+                        depth_of[matched] = (i as usize, depth);
+                        matched += 1;
+                    }
+                }
+            }
+        }
+        let (mut pmin, mut pmax) = (f64::MAX, f64::MIN);
+        if self.has(ScorerKind::Cost) {
+            for c in &cands {
+                pmin = pmin.min(self.prices[c.i]);
+                pmax = pmax.max(self.prices[c.i]);
+            }
+        }
+        let session_owner = if self.has(ScorerKind::Session) && req.session_key().is_some() {
+            rendezvous::pick(key, cands.iter().map(|c| (c.i, workers[c.i].id_hash)))
+        } else {
+            None
+        };
+        let score = |kind: ScorerKind, c: &Cand| -> f64 {
+            match kind {
+                ScorerKind::Queue if c.stale => 0.0,
+                ScorerKind::Queue => 1.0 - c.queue / (max_q + 1.0),
+                ScorerKind::Kv if c.stale => 0.0,
+                ScorerKind::Kv => 1.0 - c.kv,
+                ScorerKind::Cost if pmax > pmin => 1.0 - (self.prices[c.i] - pmin) / (pmax - pmin),
+                ScorerKind::Cost => 1.0,
+                ScorerKind::Session => (session_owner == Some(c.i)) as u8 as f64,
+                ScorerKind::Prefix => depth_of[..matched]
+                    .iter()
+                    .find(|d| d.0 == c.i)
+                    .map_or(0.0, |d| d.1 as f64 / blocks.len() as f64),
+            }
+        };
+        for c in cands.iter_mut() {
+            c.score = self.scorers.iter().map(|&(k, w)| w * score(k, c)).sum();
+        }
+
+        if self.power_of_two {
+            let k = self.pick_two(&cands, workers, key);
+            return Some(Decision {
+                index: cands[k].i,
+                reason: Reason::LeastQueue,
+            });
+        }
+
+        // Spill rules.
+        let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
+        let restricted = |c: &Cand| {
+            c.stale
+                || (self.bounded && c.queue > bound)
+                || (self.headroom && c.queue >= self.target_queue)
+        };
+        let preferred = Self::best(&cands, workers, key, |c| !c.stale)?;
+        let (chosen, spilled) = match Self::best(&cands, workers, key, |c| !restricted(c)) {
+            Some(k) => (k, k != preferred),
+            None => {
+                // Nobody has headroom: the least loaded fresh worker.
+                let k = cands
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| !c.stale)
+                    .min_by(|a, b| a.1.queue.total_cmp(&b.1.queue))
+                    .map(|(k, _)| k)
+                    .unwrap_or(preferred);
+                (k, true)
+            }
+        };
+        // A new prefix goes to the less loaded of its two rendezvous choices
+        // (estimated queue, then recent request rate): every replica considers the
+        // same two workers, and placement is nearly as good as least-queue.
+        let new_prefix = self.has(ScorerKind::Prefix) && !blocks.is_empty() && matched == 0;
+        let chosen = if new_prefix && !spilled && cands[chosen].score <= TIE {
+            let second = Self::best(&cands, workers, key, |c| {
+                !restricted(c) && c.score <= TIE && c.i != cands[chosen].i
+            });
+            let busy = |k: usize| (cands[k].queue, workers[cands[k].i].state.stats.rate());
+            match second {
+                Some(k) if busy(k) < busy(chosen) => k,
+                _ => chosen,
+            }
+        } else {
+            chosen
+        };
+        let c = &cands[chosen];
+        let reason = if spilled {
+            Reason::SpillOverload
+        } else {
+            let top = self
+                .scorers
+                .iter()
+                .map(|&(k, w)| (k, w * score(k, c)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .filter(|t| t.1 > 0.0);
+            match top.map(|t| t.0) {
+                Some(ScorerKind::Prefix) => Reason::PrefixHit,
+                _ if new_prefix => Reason::NewPrefix,
+                Some(ScorerKind::Session) => Reason::Session,
+                Some(ScorerKind::Cost) => Reason::Cheapest,
+                Some(ScorerKind::Kv) => Reason::LeastKv,
+                Some(ScorerKind::Queue) => Reason::LeastQueue,
+                None => match self.scorers.first().map(|s| s.0) {
+                    Some(ScorerKind::Prefix) => Reason::NewPrefix,
+                    Some(ScorerKind::Session) => Reason::Session,
+                    Some(ScorerKind::Cost) => Reason::Cheapest,
+                    Some(ScorerKind::Kv) => Reason::LeastKv,
+                    _ => Reason::LeastQueue,
+                },
+            }
+        };
+        Some(Decision { index: c.i, reason })
+    }
+
+    fn record_impl(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
+        let Some(ix) = &self.index else { return };
+        let (Some(&slot), Some(w)) = (self.slots.get(d.index), workers.get(d.index)) else {
+            return;
+        };
+        let blocks = self.blocks(req);
+        if slot == 0 || blocks.is_empty() {
+            return;
+        }
+        let cap = w
+            .state
+            .stats
+            .kv_capacity_tokens()
+            .map_or(self.default_worker_blocks, |t| {
+                (t / self.block_tokens).max(1)
+            });
+        ix.insert(slot, blocks, cap);
+    }
+
+    fn estimate_cost_impl(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<f64> {
+        let price = *self.prices.get(d.index)?;
+        if price <= 0.0 {
+            return None;
+        }
+        let prompt =
+            req.info.routing_text.as_ref().map_or(0, |t| t.len() as u64) / self.bytes_per_token;
+        let tokens = prompt + req.info.max_tokens.unwrap_or(0);
+        Some(price * tokens as f64 / 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::RequestInfo;
+    use crate::config::{self, PoolConfig};
+    use crate::pool::stats::parse_metrics;
+    use crate::routing::Policy;
+    use bytes::Bytes;
+
+    fn pool(policy: &str, extra: &str) -> PoolConfig {
+        let text = format!(
+            "[[pools]]\nname=\"p\"\nmodels=[\"m\"]\npolicy=\"{policy}\"\nworkers=[{{url=\"http://w0:80\",price_per_mtok=3.0,labels={{region=\"eu\"}}}},{{url=\"http://w1:80\",price_per_mtok=1.0}},{{url=\"http://w2:80\",price_per_mtok=1.0}},{{url=\"http://w3:80\",price_per_mtok=2.0,labels={{region=\"eu\"}}}}]\n[pools.routing]\n{extra}\n"
+        );
+        config::parse(&text)
+            .unwrap()
+            .validate()
+            .unwrap()
+            .pools
+            .remove(0)
+    }
+
+    struct Fixture {
+        workers: Vec<Arc<Worker>>,
+        policy: Pipeline,
+    }
+
+    fn fixture(policy: &str, extra: &str) -> Fixture {
+        let pc = pool(policy, extra);
+        let workers: Vec<Arc<Worker>> = pc
+            .workers
+            .iter()
+            .map(|wc| {
+                Arc::new(Worker::new(&wc.url, wc.labels.clone(), Default::default()).unwrap())
+            })
+            .collect();
+        let index = Arc::new(PrefixIndex::new(pc.routing.index_max_blocks));
+        index.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
+        let policy = Pipeline::new(&BuildContext {
+            kind: pc.policy,
+            model: "m",
+            pool: &pc,
+            workers: &workers,
+            index: Some(&index),
+        });
+        Fixture { workers, policy }
+    }
+
+    /// Give worker `i` a fresh scrape with `queue` running requests.
+    fn set_queue(w: &Worker, queue: u64) {
+        let text = format!("vllm:num_requests_running {queue}\n");
+        w.state.stats.store(&parse_metrics(&text), now_ms());
+    }
+
+    fn chat(text: &str) -> RequestInfo {
+        RequestInfo {
+            routing_text: Some(Bytes::from(text.to_string())),
+            ..Default::default()
+        }
+    }
+
+    fn pick(f: &Fixture, info: &RequestInfo, session: Option<&str>) -> Decision {
+        let req = RouteRequest::new(info, session);
+        let d = f.policy.pick(&req, &f.workers, &|_| true).unwrap();
+        f.policy.record(&d, &req, &f.workers);
+        d
+    }
+
+    #[test]
+    fn block_hashes_chain_and_drop_the_tail() {
+        let a = hash_blocks(&[b'x'; 1000], 1, 256);
+        assert_eq!(a.len(), 3);
+        let mut t = vec![b'x'; 1000];
+        t[600] = b'y';
+        let b = hash_blocks(&t, 1, 256);
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+        assert_ne!(hash_blocks(&[b'x'; 1000], 2, 256)[0], a[0], "seed matters");
+    }
+
+    #[test]
+    fn least_queue_prefers_the_shortest_queue_and_corrects_between_polls() {
+        let f = fixture("least_queue", "");
+        for (w, q) in f.workers.iter().zip([5, 2, 9, 7]) {
+            set_queue(w, q);
+        }
+        let info = chat("hello");
+        let d = pick(&f, &info, None);
+        assert_eq!(
+            d,
+            Decision {
+                index: 1,
+                reason: Reason::LeastQueue
+            }
+        );
+        // A burst sent to w1 since the last scrape makes w0 the shortest.
+        let _guards: Vec<_> = (0..4).map(|_| f.workers[1].begin(None)).collect();
+        assert_eq!(pick(&f, &info, None).index, 0);
+    }
+
+    #[test]
+    fn stale_worker_counts_as_loaded_not_idle() {
+        let f = fixture("least_queue", "stats_interval_ms = 25\nstale_after_ms = 50");
+        let t0 = 1_000;
+        // w2 claims to be idle, but that was 100 ms ago.
+        f.workers[2]
+            .state
+            .stats
+            .store(&parse_metrics("vllm:num_requests_running 0\n"), t0);
+        for (i, q) in [(0, 5), (1, 6), (3, 8)] {
+            let text = format!("vllm:num_requests_running {q}\n");
+            f.workers[i]
+                .state
+                .stats
+                .store(&parse_metrics(&text), t0 + 100);
+        }
+        let info = RequestInfo::default();
+        let req = RouteRequest::new(&info, None);
+        let at = |now| {
+            f.policy
+                .pick_at(&req, &f.workers, &|_| true, now)
+                .unwrap()
+                .index
+        };
+        assert_eq!(at(t0 + 40), 2, "fresh and idle");
+        assert_eq!(at(t0 + 101), 0, "stale: passed over");
+        // When every worker is stale, the gateway's own counts still route.
+        let _busy = f.workers[2].begin(None);
+        let d = at(t0 + 1_000);
+        assert_ne!(d, 2);
+    }
+
+    #[test]
+    fn prefix_new_then_hit_then_spill() {
+        let f = fixture("prefix", "block_tokens = 4");
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        let system = "S".repeat(200);
+        let a = chat(&format!("{system} question one"));
+        let b = chat(&format!("{system} another question"));
+        let d1 = pick(&f, &a, None);
+        assert_eq!(d1.reason, Reason::NewPrefix);
+        let d2 = pick(&f, &b, None);
+        assert_eq!((d2.index, d2.reason), (d1.index, Reason::PrefixHit));
+        // Overload the holder: the next request spills elsewhere and the prefix is
+        // now replicated there.
+        set_queue(&f.workers[d1.index], 50);
+        let d3 = pick(&f, &b, None);
+        assert_eq!(d3.reason, Reason::SpillOverload);
+        assert_ne!(d3.index, d1.index);
+        set_queue(&f.workers[d1.index], 0);
+        set_queue(&f.workers[d3.index], 50);
+        let d4 = pick(&f, &a, None);
+        assert_eq!((d4.index, d4.reason), (d1.index, Reason::PrefixHit));
+    }
+
+    #[test]
+    fn new_prefix_placement_is_the_same_on_every_replica() {
+        // Two independent gateways (own indexes) place the same new prompt alike.
+        let f1 = fixture("prefix", "");
+        let f2 = fixture("prefix", "");
+        let mut spread = std::collections::HashSet::new();
+        for k in 0..40 {
+            let info = chat(&format!("{k} {}", "p".repeat(2000)));
+            let (a, b) = (pick(&f1, &info, None), pick(&f2, &info, None));
+            assert_eq!(a, b);
+            assert_eq!(a.reason, Reason::NewPrefix);
+            spread.insert(a.index);
+        }
+        assert!(spread.len() >= 3, "new prefixes spread: {spread:?}");
+    }
+
+    #[test]
+    fn new_prefix_goes_to_the_less_busy_of_two_choices() {
+        let f1 = fixture("prefix", "");
+        let f2 = fixture("prefix", "");
+        let info = chat(&"n".repeat(3000));
+        let first = pick(&f1, &info, None).index;
+        // The first choice is busy on f2: the second choice takes the prefix.
+        f2.workers[first]
+            .state
+            .stats
+            .rate_milli
+            .store(50_000, std::sync::atomic::Ordering::Relaxed);
+        let d = pick(&f2, &info, None);
+        assert_eq!(d.reason, Reason::NewPrefix);
+        assert_ne!(d.index, first);
+        // Once placed, the prefix stays there (a hit, not a new placement).
+        assert_eq!(
+            pick(&f2, &info, None),
+            Decision {
+                index: d.index,
+                reason: Reason::PrefixHit
+            }
+        );
+    }
+
+    #[test]
+    fn cost_prefers_cheap_until_saturated() {
+        let f = fixture("cost", "target_queue = 4");
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        let info = RequestInfo {
+            max_tokens: Some(1000),
+            ..chat(&"x".repeat(4000))
+        };
+        let d = pick(&f, &info, None);
+        assert!(d.index == 1 || d.index == 2);
+        assert_eq!(d.reason, Reason::Cheapest);
+        let req = RouteRequest::new(&info, None);
+        let cost = f.policy.estimate_cost(&d, &req).unwrap();
+        assert!((cost - 1.0 * 2000.0 / 1e6).abs() < 1e-12, "{cost}");
+        set_queue(&f.workers[1], 4);
+        set_queue(&f.workers[2], 5);
+        let d = pick(&f, &info, None);
+        assert_eq!((d.index, d.reason), (3, Reason::SpillOverload));
+        set_queue(&f.workers[0], 9);
+        set_queue(&f.workers[3], 9);
+        // Nobody has headroom: the least loaded.
+        assert_eq!(pick(&f, &info, None).index, 1);
+    }
+
+    #[test]
+    fn session_is_sticky_and_moves_only_with_its_worker() {
+        let f = fixture("session", "");
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        let info = chat("hi");
+        let d = pick(&f, &info, Some("alice"));
+        assert_eq!(d.reason, Reason::Session);
+        for _ in 0..5 {
+            assert_eq!(pick(&f, &info, Some("alice")), d);
+        }
+        // The `user` field works too.
+        let by_user = RequestInfo {
+            user: Some("alice".into()),
+            ..chat("hi")
+        };
+        assert_eq!(pick(&f, &by_user, None).index, d.index);
+        // Refusing the owner moves the session; refusing another does not.
+        let req = RouteRequest::new(&info, Some("alice"));
+        let other = (d.index + 1) % 4;
+        assert_eq!(
+            f.policy
+                .pick(&req, &f.workers, &|i| i != other)
+                .unwrap()
+                .index,
+            d.index
+        );
+        assert_ne!(
+            f.policy
+                .pick(&req, &f.workers, &|i| i != d.index)
+                .unwrap()
+                .index,
+            d.index
+        );
+        // No session key: least queue.
+        set_queue(&f.workers[2], 0);
+        for (i, w) in f.workers.iter().enumerate() {
+            set_queue(w, if i == 2 { 0 } else { 3 });
+        }
+        assert_eq!(
+            pick(&f, &info, None),
+            Decision {
+                index: 2,
+                reason: Reason::LeastQueue
+            }
+        );
+    }
+
+    #[test]
+    fn label_filter_and_weighted_scorers() {
+        let f = fixture(
+            "weighted",
+            "require_labels = { region = \"eu\" }\nscorers = [{ name = \"queue\", weight = 1.0 }, { name = \"kv\", weight = 0.5 }]",
+        );
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        for _ in 0..20 {
+            let d = pick(&f, &chat("x"), None);
+            assert!(d.index == 0 || d.index == 3, "{d:?}");
+        }
+        f.workers[0].state.stats.store(
+            &parse_metrics("vllm:num_requests_running 1\nvllm:kv_cache_usage_perc 0.9\n"),
+            now_ms(),
+        );
+        assert_eq!(
+            pick(&f, &chat("x"), None),
+            Decision {
+                index: 3,
+                reason: Reason::LeastQueue
+            }
+        );
+        assert!(f
+            .policy
+            .pick(&RouteRequest::new(&chat("x"), None), &f.workers, &|i| i
+                == 1)
+            .is_none());
+    }
+
+    #[test]
+    fn power_of_two_never_picks_the_worse_of_the_pair() {
+        let f = fixture("least_queue", "power_of_two = true");
+        for (w, q) in f.workers.iter().zip([0, 10, 20, 30]) {
+            set_queue(w, q);
+        }
+        let mut seen = [0; 4];
+        for _ in 0..200 {
+            seen[pick(&f, &chat("x"), None).index] += 1;
+        }
+        assert_eq!(
+            seen[3], 0,
+            "the most loaded is worse than any partner: {seen:?}"
+        );
+        assert!(seen[0] > 0 && seen[1] > 0);
+    }
+}

@@ -1,0 +1,365 @@
+//! Tracing: W3C `traceparent` handling (always on: the worker gets one on every
+//! attempt) and, when `tracing.otlp_endpoint` is set, spans for the request, its
+//! admission, each routing decision and each upstream attempt, exported as
+//! OTLP/HTTP JSON by a background task with a bounded buffer (drops counted).
+//!
+//! The exporter is built in rather than taken from the `opentelemetry-otlp` crates:
+//! the spans are few and fixed, OTLP/HTTP JSON is part of the OTLP specification
+//! (accepted by the OpenTelemetry Collector, Jaeger and Tempo), and it keeps the
+//! protobuf/gRPC stacks out of the build (see `docs/observability.md`).
+
+use super::hub::RequestTags;
+use super::names;
+use crate::config::observability::TracingConfig;
+use bytes::Bytes;
+use http::HeaderValue;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use metrics::counter;
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+pub const TRACEPARENT: &str = "traceparent";
+/// Largest batch of spans in one export request.
+const MAX_BATCH: usize = 512;
+
+/// The trace a request belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceContext {
+    pub trace_id: u128,
+    /// The caller's span, when the request came with a `traceparent`.
+    pub parent_span_id: Option<u64>,
+    /// The gateway's span for the whole request.
+    pub span_id: u64,
+    /// Spans are exported (and the flag propagated as sampled).
+    pub sampled: bool,
+    /// The caller's `traceparent`, forwarded unchanged when no spans are exported.
+    pub incoming: Option<HeaderValue>,
+}
+
+fn nonzero_u64() -> u64 {
+    loop {
+        let v: u64 = rand::random();
+        if v != 0 {
+            return v;
+        }
+    }
+}
+
+pub fn new_span_id() -> u64 {
+    nonzero_u64()
+}
+
+/// Parse `00-<32 hex>-<16 hex>-<2 hex>`; `None` when malformed or all-zero ids.
+pub fn parse_traceparent(v: &str) -> Option<(u128, u64, bool)> {
+    let mut it = v.trim().split('-');
+    let version = it.next()?;
+    let trace = it.next()?;
+    let span = it.next()?;
+    let flags = it.next()?;
+    if version.len() != 2 || version == "ff" || trace.len() != 32 || span.len() != 16 {
+        return None;
+    }
+    if flags.len() != 2 || (version == "00" && it.next().is_some()) {
+        return None;
+    }
+    let hex = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+    };
+    if !hex(version) || !hex(trace) || !hex(span) || !hex(flags) {
+        return None;
+    }
+    let trace_id = u128::from_str_radix(trace, 16).ok()?;
+    let span_id = u64::from_str_radix(span, 16).ok()?;
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    (trace_id != 0 && span_id != 0).then_some((trace_id, span_id, flags & 1 == 1))
+}
+
+impl TraceContext {
+    /// From the request headers: continue the caller's trace, else start one.
+    /// `sample_ratio` is `None` when spans are not exported.
+    pub fn from_headers(headers: &http::HeaderMap, sample_ratio: Option<f64>) -> TraceContext {
+        let incoming = headers.get(TRACEPARENT).cloned();
+        let parsed = incoming
+            .as_ref()
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_traceparent);
+        let (trace_id, parent, parent_sampled) = match parsed {
+            Some((t, s, f)) => (t, Some(s), Some(f)),
+            None => (rand::random::<u128>().max(1), None, None),
+        };
+        let sampled = match sample_ratio {
+            None => false,
+            Some(r) => parent_sampled.unwrap_or_else(|| rand::random::<f64>() < r),
+        };
+        TraceContext {
+            trace_id,
+            parent_span_id: parent,
+            span_id: new_span_id(),
+            sampled,
+            incoming: parsed.and(incoming),
+        }
+    }
+
+    pub fn trace_id_hex(&self) -> String {
+        format!("{:032x}", self.trace_id)
+    }
+
+    /// The `traceparent` for an upstream attempt whose span is `attempt_span`.
+    /// Without exported spans, the caller's header goes on unchanged.
+    pub fn upstream_header(&self, attempt_span: u64) -> HeaderValue {
+        if !self.sampled {
+            if let Some(v) = &self.incoming {
+                return v.clone();
+            }
+        }
+        let v = format!(
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id,
+            attempt_span,
+            u8::from(self.sampled)
+        );
+        HeaderValue::from_str(&v).expect("hex is a valid header value")
+    }
+}
+
+/// OTLP span kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpanKind {
+    Internal = 1,
+    Server = 2,
+    Client = 3,
+}
+
+/// A finished span.
+#[derive(Debug)]
+pub struct Span {
+    pub trace_id: u128,
+    pub span_id: u64,
+    pub parent: Option<u64>,
+    pub name: &'static str,
+    pub kind: SpanKind,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub attrs: Vec<(&'static str, Value)>,
+    pub error: bool,
+}
+
+/// Unix time (ns) at which `at` happened.
+pub fn unix_ns_at(at: Instant) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    now.saturating_sub(at.elapsed().as_nanos() as u64)
+}
+
+/// The exporter's sending side.
+pub struct Tracer {
+    tx: mpsc::Sender<Span>,
+}
+
+impl Tracer {
+    /// Start the exporter task. Must run inside a tokio runtime.
+    pub fn start(cfg: &TracingConfig) -> Tracer {
+        let (tx, rx) = mpsc::channel(cfg.buffer);
+        tokio::spawn(export_loop(cfg.clone(), rx));
+        Tracer { tx }
+    }
+
+    pub fn sample_ratio(cfg: Option<&TracingConfig>) -> Option<f64> {
+        cfg.map(|c| c.sample_ratio)
+    }
+
+    /// Queue a span for export; dropped (and counted) when the buffer is full.
+    pub fn record(&self, span: Span) {
+        if self.tx.try_send(span).is_err() {
+            counter!(names::TRACE_SPANS_DROPPED_TOTAL).increment(1);
+        }
+    }
+
+    /// The request's own span, from arrival to the end of the response.
+    pub fn end_request_span(&self, tags: &RequestTags, status: u16, outcome: &str, e2e: Duration) {
+        let t = &tags.trace;
+        if !t.sampled {
+            return;
+        }
+        let end = unix_ns_at(Instant::now());
+        let mut attrs = vec![
+            ("http.response.status_code", json!(status)),
+            ("switchyard.outcome", json!(outcome)),
+            ("switchyard.tenant", json!(&*tags.tenant.name)),
+            ("switchyard.attempts", json!(tags.attempts())),
+        ];
+        if let Some(p) = &tags.pool {
+            attrs.push(("switchyard.pool", json!(&**p)));
+        }
+        if let Some(w) = &tags.worker {
+            attrs.push(("switchyard.worker", json!(&**w)));
+        }
+        self.record(Span {
+            trace_id: t.trace_id,
+            span_id: t.span_id,
+            parent: t.parent_span_id,
+            name: "switchyard.request",
+            kind: SpanKind::Server,
+            start_ns: end.saturating_sub(e2e.as_nanos() as u64),
+            end_ns: end,
+            attrs,
+            error: status >= 500,
+        });
+    }
+}
+
+impl RequestTags {
+    /// Record a child span of the request (no-op unless the trace is exported).
+    #[allow(clippy::too_many_arguments)]
+    pub fn child_span(
+        &self,
+        name: &'static str,
+        kind: SpanKind,
+        span_id: u64,
+        start: Instant,
+        end: Instant,
+        attrs: Vec<(&'static str, Value)>,
+        error: bool,
+    ) {
+        let Some(tracer) = &self.hub.tracer else {
+            return;
+        };
+        if !self.trace.sampled {
+            return;
+        }
+        let end_ns = unix_ns_at(end);
+        tracer.record(Span {
+            trace_id: self.trace.trace_id,
+            span_id,
+            parent: Some(self.trace.span_id),
+            name,
+            kind,
+            start_ns: end_ns.saturating_sub(end.saturating_duration_since(start).as_nanos() as u64),
+            end_ns,
+            attrs,
+            error,
+        });
+    }
+
+    /// Spans are being exported for this request.
+    pub fn tracing(&self) -> bool {
+        self.trace.sampled && self.hub.tracer.is_some()
+    }
+}
+
+/// The OTLP/HTTP JSON body for a batch of spans.
+pub fn otlp_json(service: &str, spans: &[Span]) -> Value {
+    let spans: Vec<Value> = spans
+        .iter()
+        .map(|s| {
+            let mut v = json!({
+                "traceId": format!("{:032x}", s.trace_id),
+                "spanId": format!("{:016x}", s.span_id),
+                "name": s.name,
+                "kind": s.kind as u8,
+                "startTimeUnixNano": s.start_ns.to_string(),
+                "endTimeUnixNano": s.end_ns.to_string(),
+                "attributes": s.attrs.iter().map(|(k, v)| json!({"key": k, "value": any_value(v)})).collect::<Vec<_>>(),
+                "status": {"code": if s.error { 2 } else { 0 }},
+            });
+            if let Some(p) = s.parent {
+                v["parentSpanId"] = json!(format!("{p:016x}"));
+            }
+            v
+        })
+        .collect();
+    json!({
+        "resourceSpans": [{
+            "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": service}}]},
+            "scopeSpans": [{"scope": {"name": "switchyard", "version": env!("CARGO_PKG_VERSION")}, "spans": spans}]
+        }]
+    })
+}
+
+fn any_value(v: &Value) -> Value {
+    match v {
+        Value::Bool(b) => json!({ "boolValue": b }),
+        Value::Number(n) if n.is_i64() || n.is_u64() => json!({ "intValue": n.to_string() }),
+        Value::Number(n) => json!({ "doubleValue": n }),
+        Value::String(s) => json!({ "stringValue": s }),
+        other => json!({ "stringValue": other.to_string() }),
+    }
+}
+
+async fn export_loop(cfg: TracingConfig, mut rx: mpsc::Receiver<Span>) {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(Duration::from_secs(2)));
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(http);
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let body = otlp_json(&cfg.service_name, &batch).to_string();
+        batch.clear();
+        let req = http::Request::post(&cfg.traces_url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)));
+        let ok = match req {
+            Ok(req) => matches!(
+                tokio::time::timeout(Duration::from_secs(10), client.request(req)).await,
+                Ok(Ok(r)) if r.status().is_success()
+            ),
+            Err(_) => false,
+        };
+        counter!(names::TRACE_EXPORTS_TOTAL, names::L_RESULT => if ok { "ok" } else { "error" })
+            .increment(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_parsing() {
+        let (t, s, f) =
+            parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+        assert_eq!(t, 0x4bf92f3577b34da6a3ce929d0e0e4736);
+        assert_eq!(s, 0x00f067aa0ba902b7);
+        assert!(f);
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "garbage",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn upstream_header_continues_or_forwards() {
+        let mut h = http::HeaderMap::new();
+        let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        h.insert(TRACEPARENT, incoming.parse().unwrap());
+        // Not exporting: the caller's header goes on unchanged.
+        let off = TraceContext::from_headers(&h, None);
+        assert_eq!(off.upstream_header(7), incoming);
+        // Exporting: same trace, the attempt's span as parent, sampled.
+        let on = TraceContext::from_headers(&h, Some(0.0));
+        assert!(on.sampled, "a sampled parent is followed");
+        assert_eq!(
+            on.upstream_header(0xabc),
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000abc-01"
+        );
+        // No header, not exporting: a fresh trace, not sampled.
+        let fresh = TraceContext::from_headers(&http::HeaderMap::new(), None);
+        let v = fresh.upstream_header(1);
+        let (t, s, f) = parse_traceparent(v.to_str().unwrap()).unwrap();
+        assert_eq!((t, s, f), (fresh.trace_id, 1, false));
+    }
+}

@@ -1,0 +1,164 @@
+//! Tenancy (minimal): who is calling. A client's `Authorization: Bearer KEY` is
+//! mapped to a configured tenant through a map of key hashes (the keys themselves
+//! are never stored here, logged or compared byte by byte); without a recognised
+//! key the tenant is `anonymous`, or the `x-switchyard-tenant` header when the
+//! config trusts it. The tenant travels with the request (`telemetry::RequestTags`)
+//! so metrics, cost and, later, residency rules can use it.
+
+use crate::config::observability::ANONYMOUS_TENANT;
+use crate::config::TenancyConfig;
+use http::HeaderMap;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Header naming the tenant, honoured only with `tenancy.trust_tenant_header`.
+pub const TENANT_HEADER: &str = "x-switchyard-tenant";
+/// Longest tenant name accepted from the header.
+const MAX_HEADER_TENANT: usize = 64;
+
+/// A resolved tenant. `name` is the tenant's real name (for routing and the access
+/// log); metric labels go through the bounded label set in `telemetry`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenant {
+    pub name: Arc<str>,
+    /// The tenant was identified by a configured API key.
+    pub authenticated: bool,
+}
+
+/// API-key → tenant lookup, built from the config.
+pub struct Tenancy {
+    by_key_hash: HashMap<[u8; 16], Tenant>,
+    anonymous: Tenant,
+    trust_header: bool,
+}
+
+/// A keyed 128-bit hash of an API key. The map holds only these, so a lookup's
+/// timing does not depend on how many leading bytes of a key match.
+fn key_hash(key: &[u8]) -> [u8; 16] {
+    xxhash_rust::xxh3::xxh3_128_with_seed(key, 0x5357_4954_4348_5944).to_le_bytes()
+}
+
+impl Tenancy {
+    pub fn new(cfg: &TenancyConfig) -> Tenancy {
+        let by_key_hash = cfg
+            .tenants
+            .iter()
+            .map(|t| {
+                (
+                    key_hash(t.api_key.as_bytes()),
+                    Tenant {
+                        name: Arc::from(t.name.as_str()),
+                        authenticated: true,
+                    },
+                )
+            })
+            .collect();
+        Tenancy {
+            by_key_hash,
+            anonymous: Tenant {
+                name: Arc::from(ANONYMOUS_TENANT),
+                authenticated: false,
+            },
+            trust_header: cfg.trust_tenant_header,
+        }
+    }
+
+    /// The tenant of a request, from its headers.
+    pub fn resolve(&self, headers: &HeaderMap) -> Tenant {
+        let key = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if let Some(k) = key.filter(|k| !k.is_empty()) {
+            if let Some(t) = self.by_key_hash.get(&key_hash(k.as_bytes())) {
+                return t.clone();
+            }
+        }
+        if self.trust_header {
+            let named = headers
+                .get(TENANT_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| {
+                    !v.is_empty()
+                        && v.len() <= MAX_HEADER_TENANT
+                        && v.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                });
+            if let Some(n) = named {
+                return Tenant {
+                    name: Arc::from(n),
+                    authenticated: false,
+                };
+            }
+        }
+        self.anonymous.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::observability::TenantConfig;
+
+    fn tenancy(trust: bool) -> Tenancy {
+        Tenancy::new(&TenancyConfig {
+            tenants: vec![
+                TenantConfig {
+                    name: "acme".into(),
+                    api_key: "sk-acme-123".into(),
+                },
+                TenantConfig {
+                    name: "globex".into(),
+                    api_key: "sk-globex-456".into(),
+                },
+            ],
+            trust_tenant_header: trust,
+        })
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn keys_map_to_tenants_and_unknown_keys_are_anonymous() {
+        let t = tenancy(false);
+        let acme = t.resolve(&headers(&[("authorization", "Bearer sk-acme-123")]));
+        assert_eq!(&*acme.name, "acme");
+        assert!(acme.authenticated);
+        assert_eq!(
+            &*t.resolve(&headers(&[("authorization", "Bearer sk-globex-456")]))
+                .name,
+            "globex"
+        );
+        assert_eq!(
+            &*t.resolve(&headers(&[("authorization", "Bearer sk-acme-12")]))
+                .name,
+            ANONYMOUS_TENANT
+        );
+        assert_eq!(&*t.resolve(&HeaderMap::new()).name, ANONYMOUS_TENANT);
+    }
+
+    #[test]
+    fn the_tenant_header_is_honoured_only_when_trusted() {
+        let h = headers(&[(TENANT_HEADER, "team-7")]);
+        assert_eq!(&*tenancy(false).resolve(&h).name, ANONYMOUS_TENANT);
+        assert_eq!(&*tenancy(true).resolve(&h).name, "team-7");
+        // A key wins over the header; odd header values are ignored.
+        let both = headers(&[
+            (TENANT_HEADER, "team-7"),
+            ("authorization", "Bearer sk-acme-123"),
+        ]);
+        assert_eq!(&*tenancy(true).resolve(&both).name, "acme");
+        let odd = headers(&[(TENANT_HEADER, "a b")]);
+        assert_eq!(&*tenancy(true).resolve(&odd).name, ANONYMOUS_TENANT);
+    }
+}
