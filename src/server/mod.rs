@@ -42,7 +42,7 @@ pub struct Gateway {
 
 impl Gateway {
     /// Build the gateway state and start its background tasks (model, DNS and Kubernetes
-    /// discovery, health checks).
+    /// discovery, health checks, stats poller, telemetry).
     /// Fails only if the upstream TLS trust store cannot be built.
     pub async fn start(config: Config) -> std::io::Result<Arc<Gateway>> {
         // The recorder first: building the registry's snapshot resolves per-(model,
