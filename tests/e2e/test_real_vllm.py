@@ -19,17 +19,18 @@ import openai
 import pytest
 from openai import OpenAI
 
-from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, ROOT, stop
-from workload import Workload, hit_ratio_during, run_workload, samples, scrape, total
+from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, ROOT
+from workload import Workload, hit_ratio_during, requests_per_engine, run_workload, samples, scrape, total
 
 # Minimum (prefix hit ratio − round-robin hit ratio), both from the engines' own
 # vllm:prefix_cache_{hits,queries}_total over the same requests. Measured on this
-# 2-core machine (docs/benchmarks.md#real-vllm): on the balanced 4/4 prefix set this
-# test uses, prefix 0.819 vs round_robin 0.366 (margin 0.45; the ceiling for 8 cold
-# prompts in 48 requests is ~0.81); with an unbalanced 5/3 placement (routing_peers,
-# 3 rounds) prefix 0.720–0.728 vs round_robin 0.361–0.402 (margins 0.33–0.36).
-# 0.30 is below every measured margin, yet fails if affinity is lost (the two ratios
-# would then be within a few points of each other).
+# 2-core machine (docs/benchmarks.md#real-vllm): prefix 0.818 vs round_robin 0.347
+# (margin 0.47; placement 24/24 requests; the ceiling for 8 cold prompts in 48
+# requests is ~0.81–0.83) with main's two-choice placement of new prefixes; before
+# it (rendezvous only) 0.819 vs 0.366 on a 4/4 placement and, on a 5/3 placement,
+# prefix 0.720–0.728 vs round_robin 0.361–0.402 (margins 0.33–0.36). 0.30 is below
+# every measured margin, yet fails if affinity is lost (the two ratios would then be
+# within a few points of each other).
 MIN_HIT_MARGIN = float(os.environ.get("E2E_MIN_HIT_MARGIN", "0.30"))
 RESULTS = Path(os.environ.get("E2E_RESULTS", ROOT / "bench-out/e2e/results.json"))
 NEEDS_ROUTING = "gateway binary has no stats poller / `prefix` policy (branch `routing` not merged)"
@@ -165,56 +166,24 @@ def _reset_prefix_caches(engines) -> None:
             assert r.status == 200
 
 
-def _balanced_prefixes(gw, engines, seed: int, per_engine: int, candidates: int) -> list[int]:
-    """Prefix ids that the `prefix` policy places `per_engine` on each engine.
-
-    Where a new prefix goes is rendezvous hashing of its first blocks over the worker
-    URLs, whose ports differ on every run; with 8 prefixes on 2 engines a 6/2 split or
-    worse happens in ~29 % of runs, and the engine holding 6 then thrashes whatever the
-    policy. This test is about affinity, so it picks a 4/4 set: it asks a throw-away
-    gateway (same URLs, so the same placement) where the first ~1 KB of each candidate
-    prefix would go — enough for the placement key (the first 4 blocks of 256 bytes) —
-    using the debug route header. Placement balance itself is measured by
-    benches/routing_peers.py (docs/benchmarks.md)."""
-    from workload import WORDS, prefix_text
-    by_engine: dict[str, list[int]] = {e.url: [] for e in engines}
-    for g in range(candidates):
-        head = prefix_text(seed, g, 520)[:1200]
-        body = json.dumps({"model": MODEL, "max_tokens": 1, "messages": [
-            {"role": "system", "content": head}, {"role": "user", "content": WORDS[0]}]}).encode()
-        req = urllib.request.Request(gw.url + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            route = r.headers["x-switchyard-route"]
-        worker = route.split(";")[0].strip().rstrip("/")
-        by_engine[worker].append(g)
-    picked = []
-    for url, gs in by_engine.items():
-        assert len(gs) >= per_engine, f"only {len(gs)} of {candidates} candidates placed on {url}"
-        picked += gs[:per_engine]
-    return picked
-
-
 def test_prefix_policy_beats_round_robin_on_real_prefix_cache_hits(engines, start_gateway,
                                                                    routing_supported):
     if not routing_supported:
         pytest.skip(NEEDS_ROUTING)
     urls = [e.metrics_url for e in engines]
-    seed = 21
-    probe = start_gateway("prefix", routing=True, debug_headers=True)
-    groups = _balanced_prefixes(probe, engines, seed, per_engine=4, candidates=24)
-    stop(probe.proc)
-    out = {"prefix_ids": groups}
+    out = {}
     # The same requests under each policy, from empty engine caches.
     for policy in ("round_robin", "prefix"):
         gw = start_gateway(policy, routing=True)
         _reset_prefix_caches(engines)
-        wl = Workload(seed=seed, groups=len(groups), per_group=6, prefix_words=520, max_tokens=4,
-                      group_ids=groups)
+        wl = Workload(seed=21, groups=8, per_group=6, prefix_words=520, max_tokens=4)
+        per0 = requests_per_engine(urls)
         ratio, res = hit_ratio_during(urls, lambda: run_workload(gw.url, MODEL, wl, concurrency=2,
                                                                    deadline_s=300))
         assert not res.errors, res.errors[:3]
-        out[policy] = {"hit_ratio": round(ratio, 3), **{k: round(v, 1) for k, v in res.summary().items()}}
+        per = [b - a for a, b in zip(per0, requests_per_engine(urls))]
+        out[policy] = {"hit_ratio": round(ratio, 3), "per_engine": per,
+                       **{k: round(v, 1) for k, v in res.summary().items()}}
         print(f"\n[e2e] {policy}: {out[policy]}", flush=True)
     record("prefix_vs_round_robin", out)
     margin = out["prefix"]["hit_ratio"] - out["round_robin"]["hit_ratio"]
