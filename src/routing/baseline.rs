@@ -7,6 +7,19 @@ use rand::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// The first acceptable index at or after `start`, wrapping around `n`.
+fn first_accepted(
+    start: usize,
+    n: usize,
+    accept: &dyn Fn(usize) -> bool,
+    reason: Reason,
+) -> Option<Decision> {
+    (0..n)
+        .map(|k| (start + k) % n)
+        .find(|&i| accept(i))
+        .map(|index| Decision { index, reason })
+}
+
 /// Next acceptable worker after a shared rotating cursor.
 #[derive(Default)]
 pub struct RoundRobin {
@@ -24,18 +37,8 @@ impl Policy for RoundRobin {
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
     ) -> Option<Decision> {
-        let n = workers.len();
-        if n == 0 {
-            return None;
-        }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        (0..n)
-            .map(|k| (start + k) % n)
-            .find(|&i| accept(i))
-            .map(|index| Decision {
-                index,
-                reason: Reason::RoundRobin,
-            })
+        first_accepted(start, workers.len(), accept, Reason::RoundRobin)
     }
 }
 
@@ -53,18 +56,11 @@ impl Policy for RandomPolicy {
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
     ) -> Option<Decision> {
-        let n = workers.len();
-        if n == 0 {
+        if workers.is_empty() {
             return None;
         }
-        let start = rand::thread_rng().gen_range(0..n);
-        (0..n)
-            .map(|k| (start + k) % n)
-            .find(|&i| accept(i))
-            .map(|index| Decision {
-                index,
-                reason: Reason::Random,
-            })
+        let start = rand::thread_rng().gen_range(0..workers.len());
+        first_accepted(start, workers.len(), accept, Reason::Random)
     }
 }
 
