@@ -107,7 +107,7 @@ async fn vllm_style_streams_through_both_legs() {
         metric_sum(
             &m,
             names::DISAGG_DECISIONS_TOTAL,
-            &with("reason", "short_prompt")
+            &with("reason", "few_uncached_tokens")
         ),
         1.0
     );
@@ -244,5 +244,41 @@ async fn sglang_style_sends_both_legs_at_once_with_a_bootstrap_room() {
     assert_eq!(body["bootstrap_host"], "127.0.0.1");
     assert!(body["bootstrap_room"].as_u64().unwrap() < (1u64 << 63));
     assert_eq!(prefill.requests_received(), 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_prompt_the_prefill_worker_already_caches_skips_disaggregation() {
+    let prefill = worker(Role::Prefill, EngineKind::Vllm).await;
+    let decode = worker(Role::Decode, EngineKind::Vllm).await;
+    let gw = gateway(
+        &pd_toml(
+            "pd-cached",
+            "vllm",
+            &[(&prefill.url(), "prefill"), (&decode.url(), "decode")],
+            "policy = \"prefix\"",
+        )
+        .replace("min_uncached_tokens = 200", "min_uncached_tokens = 400"),
+    )
+    .await;
+    // ~1,200 estimated prompt tokens: disaggregated the first time.
+    let (status, _) = stream_text(&gw.url(), long_chat(true, 2)).await;
+    assert_eq!(status, 200);
+    assert_eq!(prefill.requests_received(), 1);
+    // The same prompt again: the index predicts it cached on the prefill worker, so
+    // the uncached part is below the threshold and the decode worker does it all.
+    let (status, _) = stream_text(&gw.url(), long_chat(true, 2)).await;
+    assert_eq!(status, 200);
+    assert_eq!(prefill.requests_received(), 1, "no second prefill leg");
+    assert_eq!(decode.requests_received(), 2);
+    let m = scrape(&gw.url()).await;
+    assert_eq!(
+        metric_sum(
+            &m,
+            names::DISAGG_DECISIONS_TOTAL,
+            &[("pool", "pd-cached"), ("reason", "few_uncached_tokens")]
+        ),
+        1.0
+    );
     gw.shutdown().await;
 }

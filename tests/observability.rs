@@ -481,3 +481,48 @@ async fn traceparent_reaches_the_worker_and_spans_reach_the_collector() {
     );
     gw.shutdown().await;
 }
+
+/// The prefix index's prediction is compared with the `cached_tokens` the worker
+/// reports: a repeated prompt is predicted cached and is cached.
+#[tokio::test]
+async fn predicted_cache_hits_are_compared_with_actual_ones() {
+    let s = sims(2, 20.0).await;
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[[pools]]\nname = \"predict\"\nmodels = [\"{model}\"]\npolicy = \"prefix\"\nworkers = [{{ url = \"{}\" }}, {{ url = \"{}\" }}]\n",
+        u[0], u[1]
+    ))
+    .await;
+    let prompt = "a shared system prompt for prediction ".repeat(60);
+    for i in 0..3 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&json!({"model": model, "max_tokens": 2,
+                "messages": [{"role":"system","content": prompt}, {"role":"user","content": format!("q{i}")}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let m = scrape(&gw.url()).await;
+    let pool = [("pool", "predict")];
+    let predicted = metric_sum(&m, names::CACHE_PREDICTED_TOKENS_TOTAL, &pool);
+    let actual = metric_sum(&m, names::CACHE_ACTUAL_TOKENS_TOTAL, &pool);
+    assert!(
+        predicted > 0.0,
+        "the index predicted the repeated prefix: {predicted}"
+    );
+    assert!(actual > 0.0, "the worker reported cached tokens: {actual}");
+    // The first request is a predicted miss; the two repeats are predicted hits.
+    assert_eq!(
+        metric_sum(
+            &m,
+            names::CACHE_PREDICTIONS_TOTAL,
+            &[pool[0], ("result", "hit")]
+        ),
+        2.0
+    );
+    gw.shutdown().await;
+}

@@ -42,11 +42,21 @@ pub async fn forward(
         .routing_text
         .as_ref()
         .map_or(0, |t| t.len() as u64 / BYTES_PER_TOKEN);
-    // The prefix index's prediction would refine this; without it, all uncached.
-    let uncached = prompt_tokens;
+    // What the best prefill worker is predicted to have cached (prefix index; 0
+    // for policies without one). A dry-run pick: nothing is recorded.
+    let predicted = {
+        let req = ctx.route_request();
+        let accept = |i: usize| workers[i].role == Role::Prefill && workers[i].is_available();
+        ctx.route
+            .policy
+            .pick(&req, workers, &accept)
+            .and_then(|d| ctx.route.policy.predicted_cached_tokens(&d, &req))
+            .unwrap_or(0)
+    };
+    let uncached = prompt_tokens.saturating_sub(predicted);
     let any = |f: &dyn Fn(&Worker) -> bool| workers.iter().any(|w| w.is_available() && f(w));
     let skip = if uncached < cfg.min_uncached_tokens {
-        Some("short_prompt")
+        Some("few_uncached_tokens")
     } else if !any(&|w| w.role == Role::Prefill) {
         Some("no_prefill_worker")
     } else if !any(&|w| w.role != Role::Prefill) {
@@ -228,7 +238,15 @@ async fn vllm(
             });
         }
         // The client's mistake (e.g. 400): show it the prefill worker's answer.
-        return Ok(respond(ctx, resp, p, Reason::Prefill, guard, deadline));
+        return Ok(respond(
+            ctx,
+            resp,
+            p,
+            Reason::Prefill,
+            None,
+            guard,
+            deadline,
+        ));
     }
     let limit = cfg.max_prefill_response_bytes;
     let read =
@@ -285,7 +303,7 @@ async fn decode_leg(
         });
     }
     leg_seconds(&ctx.route.pool.name, "decode_first_byte", t1);
-    let mut out = respond(ctx, resp, d, Reason::Decode, guard, deadline);
+    let mut out = respond(ctx, resp, d, Reason::Decode, None, guard, deadline);
     if ctx.debug_headers {
         if let Ok(v) = HeaderValue::from_str(&format!("{}; prefill={}", ws[d].id, ws[p].id)) {
             out.headers_mut().insert(ROUTE_HEADER, v);

@@ -169,6 +169,8 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         }
         attempt += 1;
         telemetry::record_decision(&pool_label, policy.name(), decision.reason.as_str());
+        // Before `record`, which teaches the index this request's blocks.
+        let predicted = policy.predicted_cached_tokens(&decision, &rreq);
         policy.record(&decision, &rreq, &route.workers);
         let est_cost = policy.estimate_cost(&decision, &rreq);
         tried.push(decision.index);
@@ -203,7 +205,15 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     telemetry::record_estimated_cost(&pool_label, usd);
                 }
                 // Phase: on response.
-                let mut out = respond(ctx, resp, decision.index, decision.reason, guard, deadline);
+                let mut out = respond(
+                    ctx,
+                    resp,
+                    decision.index,
+                    decision.reason,
+                    predicted,
+                    guard,
+                    deadline,
+                );
                 if ctx.debug_headers {
                     let mut v = format!(
                         "{}; policy={}; reason={}",
@@ -429,18 +439,19 @@ pub(crate) fn respond(
     resp: Response<Incoming>,
     idx: usize,
     reason: Reason,
+    predicted: Option<u64>,
     guard: InFlightGuard,
     deadline: Instant,
 ) -> Response<Body> {
     let worker = &ctx.route.workers[idx];
-    // The response's tags: the route as finally taken. Predicted cached tokens
-    // come from the prefix index once the routing branch provides them.
+    // The response's tags: the route as finally taken, with the prefix index's
+    // prediction so observe can compare it with the worker's `cached_tokens`.
     let tags = ctx.tags.for_response(
         &SharedString::from(ctx.route.pool.name.clone()),
         worker,
         ctx.route.policy.name(),
         reason.as_str(),
-        None,
+        predicted,
     );
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);

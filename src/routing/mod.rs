@@ -134,6 +134,16 @@ pub trait Policy: Send + Sync {
     /// the policy learns from (the prefix index).
     fn record(&self, _decision: &Decision, _req: &RouteRequest<'_>, _workers: &[Arc<Worker>]) {}
 
+    /// Prompt tokens the policy expects the chosen worker to have cached (prefix
+    /// index), computed before `record`; `None` when the policy keeps no index.
+    fn predicted_cached_tokens(
+        &self,
+        _decision: &Decision,
+        _req: &RouteRequest<'_>,
+    ) -> Option<u64> {
+        None
+    }
+
     /// Estimated cost of the request on the chosen worker (USD), when priced.
     fn estimate_cost(&self, _decision: &Decision, _req: &RouteRequest<'_>) -> Option<f64> {
         None

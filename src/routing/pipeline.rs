@@ -267,6 +267,19 @@ impl super::Policy for Pipeline {
     fn estimate_cost(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<f64> {
         self.estimate_cost_impl(d, req)
     }
+
+    fn predicted_cached_tokens(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<u64> {
+        let ix = self.index.as_ref()?;
+        let blocks = self.blocks(req);
+        let slot = *self.slots.get(d.index)?;
+        if blocks.is_empty() || slot == 0 {
+            return Some(0);
+        }
+        let mut out = [(0u16, 0u32); REPLICAS];
+        let m = ix.lookup(blocks, &mut out);
+        let depth = out[..m].iter().find(|e| e.0 == slot).map_or(0, |e| e.1);
+        Some(u64::from(depth) * self.block_tokens)
+    }
 }
 
 impl Pipeline {
