@@ -15,7 +15,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Routing policy.
-    #[arg(long, default_value = "round_robin")]
+    #[arg(long, default_value = "prefix")]
     pub policy: String,
     /// Simulated-engine speed-up factor (1 = real time).
     #[arg(long, default_value_t = 1.0)]

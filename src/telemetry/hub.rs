@@ -906,13 +906,27 @@ pub struct Signals {
 }
 
 pub fn worker_signals(w: &Worker) -> Signals {
-    let in_flight = w.in_flight() as f64;
-    Signals {
-        queue: in_flight,
-        waiting: 0.0,
-        running: None,
-        kv_usage: None,
-        stats_age_s: None,
+    let st = &w.state.stats;
+    let now = crate::pool::stats::now_ms();
+    match st.age_ms(now) {
+        // Never scraped: only the gateway's own in-flight count is known.
+        None => Signals {
+            queue: w.in_flight() as f64,
+            waiting: 0.0,
+            running: None,
+            kv_usage: None,
+            stats_age_s: None,
+        },
+        Some(age) => {
+            let load = st.load(w.in_flight(), now, u64::MAX);
+            Signals {
+                queue: load.queue,
+                waiting: st.waiting.load(Ordering::Relaxed) as f64,
+                running: Some(st.running.load(Ordering::Relaxed) as f64),
+                kv_usage: Some(load.kv_usage),
+                stats_age_s: Some(age as f64 / 1000.0),
+            }
+        }
     }
 }
 
