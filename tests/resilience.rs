@@ -335,3 +335,43 @@ async fn one_request_429ing_everywhere_does_not_cool_down_the_whole_pool() {
     }
     gw.shutdown().await;
 }
+
+/// With no untried available worker left, a retry may go to a worker cooling down
+/// after a 429 rather than fail a request another attempt can save.
+#[tokio::test]
+async fn last_resort_retry_uses_a_cooling_worker() {
+    let s = sims(2, 20.0).await;
+    s[0].set_faults(Faults {
+        error_rate: 1.0,
+        error_status: 500,
+        ..Default::default()
+    });
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[health]\ninterval_ms = 0\neject_after_failures = 1000\n{}",
+        pool_toml(&model, &[&u[0], &u[1]], "max_attempts = 3")
+    ))
+    .await;
+    let snap = gw.gateway.registry.snapshot();
+    let cooling = snap.workers().find(|w| *w.id == u[1]).unwrap();
+    cooling
+        .state
+        .health
+        .overloaded
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let r = client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&chat(&model, false, 2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!((s[0].requests_received(), s[1].requests_received()), (1, 1));
+    let m = scrape(&gw.url()).await;
+    assert_eq!(
+        metric_sum(&m, names::LAST_RESORT_RETRIES_TOTAL, &[("pool", "p")]),
+        1.0
+    );
+    gw.shutdown().await;
+}

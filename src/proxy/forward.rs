@@ -157,7 +157,24 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                         })?;
                         continue;
                     }
-                    _ => break,
+                    // Last resort for a retry: a worker already tried (not the one that
+                    // just failed) or cooling down after a 429 — better than failing a
+                    // request that another attempt could still save.
+                    _ => match (attempt > 0)
+                        .then(|| {
+                            policy.pick(&rreq, &route.workers, &|i| {
+                                last_resort(route, i, &tried, skip_prefill)
+                            })
+                        })
+                        .flatten()
+                    {
+                        Some(d) => {
+                            counter!(names::LAST_RESORT_RETRIES_TOTAL, names::L_POOL => pool_label.clone())
+                                .increment(1);
+                            d
+                        }
+                        None => break,
+                    },
                 }
             }
         };
@@ -337,8 +354,11 @@ fn may_retry(
     if attempt >= pool.config.max_attempts || Instant::now() >= deadline {
         return false;
     }
-    let candidate =
-        (0..route.workers.len()).any(|i| route.workers[i].is_available() && !tried.contains(&i));
+    let skip_prefill = pool.config.disaggregation.is_some();
+    let candidate = (0..route.workers.len()).any(|i| {
+        (route.workers[i].is_available() && !tried.contains(&i))
+            || last_resort(route, i, tried, skip_prefill)
+    });
     if !candidate {
         return false;
     }
@@ -349,6 +369,17 @@ fn may_retry(
             .increment(1);
         false
     }
+}
+
+/// May worker `i` take a retry when no untried available worker is left? Not
+/// ejected or draining (a 429 cooldown is tolerated), not the worker that failed
+/// last, not prefill-only in a disaggregated pool.
+fn last_resort(route: &ModelRoute, i: usize, tried: &[usize], skip_prefill: bool) -> bool {
+    let w = &route.workers[i];
+    w.state.healthy.load(Ordering::Relaxed)
+        && !w.state.draining.load(Ordering::Relaxed)
+        && tried.last() != Some(&i)
+        && !(skip_prefill && w.role == Role::Prefill)
 }
 
 /// Jittered exponential backoff before retry number `attempt` (1-based).

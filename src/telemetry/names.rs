@@ -38,6 +38,7 @@ pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
 pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
+pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
 pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
@@ -133,6 +134,10 @@ pub fn describe() {
     );
     describe_observability();
     describe_routing();
+    describe_counter!(
+        LAST_RESORT_RETRIES_TOTAL,
+        "Retries sent to an already-tried or cooling-down worker because no untried available worker was left."
+    );
     describe_counter!(
         FALLBACKS_TOTAL,
         "Requests handed from a pool to the next pool of its fallback chain, by pool and target."
