@@ -28,7 +28,7 @@ from workload import Workload, hit_ratio_during, requests_per_engine, run_worklo
 # (margin 0.47; placement 24/24 requests; the ceiling for 8 cold prompts in 48
 # requests is ~0.81–0.83) with main's two-choice placement of new prefixes; before
 # it (rendezvous only) 0.819 vs 0.366 on a 4/4 placement and, on a 5/3 placement,
-# prefix 0.720–0.728 vs round_robin 0.361–0.402 (margins 0.33–0.36). 0.30 is below
+# prefix 0.720–0.728 vs round_robin 0.361–0.402 (margins 0.33–0.36). 0.30 was below
 # every measured margin, yet fails if affinity is lost (the two ratios would then be
 # within a few points of each other).
 # Measured margins: 0.45 and 0.47 (suite runs before two-choice placement of new
