@@ -15,7 +15,9 @@
 
 use crate::config::{DisaggConfig, DisaggMode};
 use crate::pool::{Role, Worker};
-use crate::proxy::forward::{forward_aggregated, respond, send, ForwardContext, ROUTE_HEADER};
+use crate::proxy::forward::{
+    forward_aggregated, respond, retryable_status, send, ForwardContext, ROUTE_HEADER,
+};
 use crate::proxy::GatewayError;
 use crate::routing::{rendezvous, Reason};
 use crate::telemetry::names;
@@ -191,11 +193,6 @@ fn leg_seconds(pool: &Arc<str>, leg: &'static str, since: Instant) {
     histogram!(names::DISAGG_LEG_SECONDS, names::L_POOL => SharedString::from(pool.clone()),
         names::L_LEG => leg)
     .record(since.elapsed().as_secs_f64());
-}
-
-/// A status that means "try another worker" rather than "tell the client".
-fn retryable_status(s: http::StatusCode) -> bool {
-    s.is_server_error() || s.as_u16() == 429
 }
 
 async fn vllm(

@@ -213,8 +213,9 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         match send(ctx, decision.index, ctx.body.clone(), deadline).await {
             Ok((resp, guard)) => {
                 let status = resp.status();
-                let retry_status = status.is_server_error() || status.as_u16() == 429;
-                if retry_status && may_retry(route, &tried, attempt, deadline, &pool_label) {
+                if retryable_status(status)
+                    && may_retry(route, &tried, attempt, deadline, &pool_label)
+                {
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
                 }
@@ -369,6 +370,12 @@ fn may_retry(
             .increment(1);
         false
     }
+}
+
+/// A worker's answer that means "try another worker" (before anything reached the
+/// client) rather than "tell the client": 5xx and 429.
+pub(crate) fn retryable_status(s: http::StatusCode) -> bool {
+    s.is_server_error() || s.as_u16() == 429
 }
 
 /// May worker `i` take a retry when no untried available worker is left? Not
