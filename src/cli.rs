@@ -23,6 +23,9 @@ pub struct ServeArgs {
     /// Add x-switchyard-route headers to responses.
     #[arg(long)]
     pub debug_headers: bool,
+    /// Serving threads, one runtime and listener each (overrides server.threads; 0 = one per CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 impl ServeArgs {
@@ -42,6 +45,9 @@ impl ServeArgs {
         }
         if self.debug_headers {
             raw.server.debug_headers = Some(true);
+        }
+        if let Some(n) = self.threads {
+            raw.server.threads = Some(n);
         }
         if let Some(p) = &self.policy {
             if PolicyKind::parse(p).is_none() {

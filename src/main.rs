@@ -65,28 +65,40 @@ async fn shutdown_signal() {
 
 async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
-    let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
-    let addr = listener.local_addr()?;
+    // Thread-per-core: one single-threaded runtime per serving thread, each with its
+    // own SO_REUSEPORT listener; this runtime keeps the background work.
+    let listeners = server::shards::bind(config.server.listen, config.server.serving_threads())?;
+    let addr = listeners[0].local_addr()?;
+    let threads = listeners.len();
     let gw = server::Gateway::start(config).await?;
     gw.set_reloader(args.reloader());
     server::spawn_reload_triggers(gw.clone(), args.config.clone());
     if let Some(admin) = server::admin::spawn(gw.clone()).await? {
         println!("switchyard admin url=http://{admin}");
     }
-    tracing::info!(%addr, "switchyard listening");
-    println!("switchyard ready url=http://{addr}");
     let drain = gw.registry.config().server.drain_timeout;
-    server::serve(listener, gw, shutdown_signal(), drain).await?;
+    let grace = gw.registry.config().server.unready_grace;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let shards = server::shards::start(gw.clone(), listeners, stopped, drain)?;
+    tracing::info!(%addr, threads, "switchyard listening");
+    println!("switchyard ready url=http://{addr}");
+    shutdown_signal().await;
+    let _ = stop.send(true);
+    tracing::info!(?grace, ?drain, "shutting down");
+    tokio::task::spawn_blocking(move || shards.join()).await?;
     Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_format);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if matches!(cli.cmd, Command::Serve(_)) {
+        // Requests are served on their own threads (server::shards); this runtime
+        // runs only the background work.
+        rt.worker_threads(1);
+    }
+    let rt = rt.enable_all().build().expect("tokio runtime");
     let result = rt.block_on(async move {
         match cli.cmd {
             Command::Serve(a) => run_serve(a).await,

@@ -444,6 +444,19 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     pub unready_grace: Duration,
     pub watch_config: bool,
+    /// Serving threads for `switchyard serve` (thread-per-core); 0 means one per CPU.
+    pub threads: usize,
+}
+
+impl ServerConfig {
+    /// The number of serving threads to start: `threads`, or one per available CPU.
+    pub fn serving_threads(&self) -> usize {
+        if self.threads > 0 {
+            self.threads
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
 }
 
 /// Upstream timeouts.
@@ -623,6 +636,10 @@ impl RawConfig {
         let max_connections = s.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
         if max_connections == 0 {
             p.push("server.max_connections: must be greater than 0".into());
+        }
+        let threads = s.threads.unwrap_or(0);
+        if threads > 1024 {
+            p.push("server.threads: must be at most 1024 (0 = one per CPU)".into());
         }
         let health = validate_health(self.health, p);
         let admin = validate_admin(self.admin, p);
@@ -848,6 +865,7 @@ impl RawConfig {
                 drain_timeout,
                 unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
                 watch_config: s.watch_config.unwrap_or(false),
+                threads,
             },
             pools,
             health,

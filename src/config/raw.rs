@@ -89,6 +89,8 @@ pub struct RawServer {
     pub unready_grace_ms: Option<u64>,
     /// Reload the config file when it changes on disk.
     pub watch_config: Option<bool>,
+    /// Serving threads (one runtime and listener each); 0 or unset: one per CPU.
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -5,6 +5,7 @@ pub mod admin;
 mod handlers;
 mod reload;
 mod request_id;
+pub mod shards;
 
 pub use reload::{spawn_reload_triggers, Reloader};
 
@@ -182,6 +183,26 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) -> std::io::Result<()> {
+    let cap = gw.registry.config().server.max_connections;
+    serve_with_permits(
+        listener,
+        gw,
+        shutdown,
+        drain,
+        Arc::new(tokio::sync::Semaphore::new(cap)),
+    )
+    .await
+}
+
+/// [`serve`], drawing connection permits from `permits` (shared by every
+/// listener of a thread-per-core server, so `max_connections` stays one cap).
+pub(crate) async fn serve_with_permits(
+    listener: TcpListener,
+    gw: Arc<Gateway>,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+    permits: Arc<tokio::sync::Semaphore>,
+) -> std::io::Result<()> {
     let app = router(gw.clone());
     let server_cfg = gw.registry.config().server.clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -191,7 +212,6 @@ pub async fn serve(
         .header_read_timeout(server_cfg.header_read_timeout)
         .keep_alive(true);
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(tokio::sync::Semaphore::new(server_cfg.max_connections));
     let mut grace_end = tokio::time::Instant::now();
     tokio::pin!(shutdown);
     loop {

@@ -1,0 +1,99 @@
+//! Thread-per-core serving for `switchyard serve`: one single-threaded tokio
+//! runtime per serving thread, each with its own `SO_REUSEPORT` listener and its
+//! own upstream connection pool. A request is accepted, routed, forwarded and
+//! answered on one thread, so no wake-up crosses threads on the hot path (the
+//! largest single cost of a multi-threaded work-stealing runtime at this scale).
+//! Background work (health checks, stats polling, discovery, telemetry) stays on
+//! the runtime that started the gateway.
+
+use super::{serve_with_permits, Gateway};
+use socket2::{Domain, Protocol, Socket, Type};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Bind `n` listeners on `addr` with `SO_REUSEPORT`, so the kernel spreads new
+/// connections over them. Port 0 picks one free port shared by all of them.
+pub fn bind(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
+    let mut out: Vec<std::net::TcpListener> = Vec::with_capacity(n.max(1));
+    let mut addr = addr;
+    for _ in 0..n.max(1) {
+        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        s.set_reuse_address(true)?;
+        #[cfg(unix)]
+        s.set_reuse_port(true)?;
+        s.set_nonblocking(true)?;
+        s.bind(&addr.into())?;
+        s.listen(4096)?;
+        let l: std::net::TcpListener = s.into();
+        addr = l.local_addr()?;
+        out.push(l);
+    }
+    Ok(out)
+}
+
+/// Serving threads started by [`start`]; [`Shards::join`] waits for their drain.
+pub struct Shards {
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Start one serving thread per listener. Each serves until `stop` turns true,
+/// then drains for up to `drain`. The connection cap is shared by all of them.
+pub fn start(
+    gw: Arc<Gateway>,
+    listeners: Vec<std::net::TcpListener>,
+    stop: watch::Receiver<bool>,
+    drain: Duration,
+) -> std::io::Result<Shards> {
+    let cap = gw.registry.config().server.max_connections;
+    let permits = Arc::new(tokio::sync::Semaphore::new(cap));
+    let mut threads = Vec::with_capacity(listeners.len());
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let gw = gw.clone();
+        let permits = permits.clone();
+        let mut stop = stop.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("switchyard-serve-{i}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        tracing::error!(error = %e, shard = i, "cannot build the serving runtime");
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    gw.client.pin_to_thread();
+                    let listener = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::error!(error = %e, shard = i, "cannot register the listener");
+                            return;
+                        }
+                    };
+                    let signal = async move {
+                        let _ = stop.wait_for(|v| *v).await;
+                    };
+                    if let Err(e) = serve_with_permits(listener, gw, signal, drain, permits).await {
+                        tracing::error!(error = %e, shard = i, "serving thread stopped");
+                    }
+                });
+            })?;
+        threads.push(t);
+    }
+    Ok(Shards { threads })
+}
+
+impl Shards {
+    /// Wait (blocking) until every serving thread has drained and exited.
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
