@@ -23,6 +23,10 @@ pub struct ServeArgs {
     /// Add x-switchyard-route headers to responses.
     #[arg(long)]
     pub debug_headers: bool,
+    /// This gateway's region, one of the config's `[regions]` (overrides
+    /// server.region): turns on locality routing.
+    #[arg(long)]
+    pub region: Option<String>,
 }
 
 impl ServeArgs {
@@ -42,6 +46,9 @@ impl ServeArgs {
         }
         if self.debug_headers {
             raw.server.debug_headers = Some(true);
+        }
+        if let Some(r) = &self.region {
+            raw.server.region = Some(r.clone());
         }
         if let Some(p) = &self.policy {
             if PolicyKind::parse(p).is_none() {
@@ -86,11 +93,24 @@ impl ServeArgs {
 pub fn check_config(path: &std::path::Path) -> Result<String, config::ConfigError> {
     let c = config::load(path)?;
     let workers: usize = c.pools.iter().map(|p| p.workers.len()).sum();
-    Ok(format!(
+    let mut out = format!(
         "{}: ok ({} pools, {} workers, listen {})",
         path.display(),
         c.pools.len(),
         workers,
         c.server.listen
-    ))
+    );
+    let g = &c.global;
+    if !g.regions.is_empty() {
+        out.push_str(&format!(
+            "; regions {} (this gateway: {}), {} residency zones, {} splits",
+            g.names(g.all_regions()),
+            g.region.map_or("none", |r| &**g.region_name(r)),
+            g.zones.len(),
+            g.splits.len()
+        ));
+    } else if !g.splits.is_empty() {
+        out.push_str(&format!("; {} splits", g.splits.len()));
+    }
+    Ok(out)
 }
