@@ -242,10 +242,10 @@ impl Regional {
             let budget = ctx.pool.routing.max_added_latency_ms;
             let mut rank = vec![u16::MAX; n + 1];
             let mut next = 1u16;
-            for r in 0..n {
+            for (r, slot) in rank.iter_mut().enumerate().take(n) {
                 let id = RegionId(r as u8);
                 if id == home || g.rtt_ms(home, id).is_some_and(|ms| ms <= budget) {
-                    rank[r] = 0;
+                    *slot = 0;
                 }
             }
             for id in &g.regions[home.0 as usize].spill_order {
