@@ -67,6 +67,8 @@ fn setup(policy: &str, n: usize) -> Setup {
         pool: &pc,
         workers: &workers,
         index: Some(&index),
+        global: &Default::default(),
+        spill: None,
     });
     // Warm the index: 256 system prompts seen once each.
     for k in 0..256 {

@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Serving threads, one runtime and listener each (overrides server.threads; 0 = one per CPU).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// This gateway's region, one of the config's `[regions]` (overrides
+    /// server.region): turns on locality routing.
+    #[arg(long)]
+    pub region: Option<String>,
 }
 
 impl ServeArgs {
@@ -48,6 +52,9 @@ impl ServeArgs {
         }
         if let Some(n) = self.threads {
             raw.server.threads = Some(n);
+        }
+        if let Some(r) = &self.region {
+            raw.server.region = Some(r.clone());
         }
         if let Some(p) = &self.policy {
             if PolicyKind::parse(p).is_none() {
@@ -92,11 +99,24 @@ impl ServeArgs {
 pub fn check_config(path: &std::path::Path) -> Result<String, config::ConfigError> {
     let c = config::load(path)?;
     let workers: usize = c.pools.iter().map(|p| p.workers.len()).sum();
-    Ok(format!(
+    let mut out = format!(
         "{}: ok ({} pools, {} workers, listen {})",
         path.display(),
         c.pools.len(),
         workers,
         c.server.listen
-    ))
+    );
+    let g = &c.global;
+    if !g.regions.is_empty() {
+        out.push_str(&format!(
+            "; regions {} (this gateway: {}), {} residency zones, {} splits",
+            g.names(g.all_regions()),
+            g.region.map_or("none", |r| &**g.region_name(r)),
+            g.zones.len(),
+            g.splits.len()
+        ));
+    } else if !g.splits.is_empty() {
+        out.push_str(&format!("; {} splits", g.splits.len()));
+    }
+    Ok(out)
 }

@@ -2,6 +2,7 @@
 //! then validated into the typed [`Config`] the rest of the gateway reads. Every
 //! rejection names the key path. Defaults live here and nowhere else.
 
+pub mod global;
 pub mod observability;
 mod raw;
 
@@ -10,6 +11,9 @@ pub use raw::{
     RawScorer, RawServer, RawTimeouts, RawWorker,
 };
 
+pub use global::{
+    GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,
+};
 pub use observability::{ObservabilityConfig, TenancyConfig};
 
 use std::collections::{BTreeMap, HashSet};
@@ -206,6 +210,9 @@ pub struct RoutingConfig {
     pub require_labels: BTreeMap<String, String>,
     /// Scorers and weights of a `weighted` pool (empty for the presets).
     pub scorers: Vec<(ScorerKind, f64)>,
+    /// Regions within this round trip (ms) of the gateway's region count as local
+    /// for this pool (0: only the gateway's own region).
+    pub max_added_latency_ms: u32,
 }
 
 impl Default for RoutingConfig {
@@ -224,6 +231,7 @@ impl Default for RoutingConfig {
             default_worker_blocks: DEFAULT_WORKER_BLOCKS,
             require_labels: BTreeMap::new(),
             scorers: Vec::new(),
+            max_added_latency_ms: 0,
         }
     }
 }
@@ -345,6 +353,7 @@ impl RawRouting {
             default_worker_blocks: default_worker_blocks.max(1),
             require_labels: self.require_labels,
             scorers,
+            max_added_latency_ms: self.max_added_latency_ms.unwrap_or(0),
         }
     }
 }
@@ -364,6 +373,8 @@ pub struct Config {
     pub admin: Option<AdminConfig>,
     pub observability: ObservabilityConfig,
     pub tenancy: TenancyConfig,
+    /// Regions, locality, residency and weighted splits.
+    pub global: GlobalConfig,
 }
 
 /// Health checking and ejection (see `pool/health.rs`).
@@ -837,6 +848,46 @@ impl RawConfig {
             }
         }
         let pool_names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+        let global = global::validate(
+            global::GlobalRaw {
+                server_region: s.region,
+                regions: self.regions,
+                residency: self.residency,
+                locality: self.locality,
+                splits: self.splits,
+                pools: &pool_names,
+                models: &model_names,
+            },
+            &mut problems,
+        );
+        if !global.regions.is_empty() {
+            // Static region labels must name a declared region (a typo would
+            // otherwise put a worker outside every residency zone).
+            for (i, p) in pools.iter().enumerate() {
+                for (j, w) in p.workers.iter().enumerate() {
+                    if let Some(r) = w.labels.get(global::REGION_LABEL) {
+                        if global.region_id(r).is_none() {
+                            problems.push(format!(
+                                "pools[{i}].workers[{j}].labels.region: unknown region `{r}` (declared: {})",
+                                global.names(global.all_regions())
+                            ));
+                        }
+                    }
+                }
+                if let Some(r) = p
+                    .dns
+                    .as_ref()
+                    .and_then(|d| d.labels.get(global::REGION_LABEL))
+                {
+                    if global.region_id(r).is_none() {
+                        problems.push(format!(
+                            "pools[{i}].dns.labels.region: unknown region `{r}` (declared: {})",
+                            global.names(global.all_regions())
+                        ));
+                    }
+                }
+            }
+        }
         let (observability, tenancy) = observability::validate(
             observability::ObservabilityRaw {
                 telemetry: self.telemetry,
@@ -848,6 +899,7 @@ impl RawConfig {
                 tenants: self.tenants,
             },
             &pool_names,
+            &global,
             &mut problems,
         );
         if !problems.is_empty() {
@@ -872,6 +924,7 @@ impl RawConfig {
             admin,
             observability,
             tenancy,
+            global,
         })
     }
 }

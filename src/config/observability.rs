@@ -85,6 +85,8 @@ pub struct RawTenant {
     pub name: String,
     /// Environment variable holding this tenant's API key.
     pub api_key_env: String,
+    /// A residency zone (`[residency]`) or region(s) this tenant's requests must stay in.
+    pub residency: Option<String>,
 }
 
 /// One row of the price table. Matchers left out match anything; the most
@@ -172,7 +174,13 @@ pub struct ObservabilityConfig {
 impl Default for ObservabilityConfig {
     fn default() -> Self {
         let mut p = Vec::new();
-        validate(ObservabilityRaw::default(), &[], &mut p).0
+        validate(
+            ObservabilityRaw::default(),
+            &[],
+            &Default::default(),
+            &mut p,
+        )
+        .0
     }
 }
 
@@ -278,6 +286,8 @@ pub struct TenancyConfig {
 pub struct TenantConfig {
     pub name: String,
     pub api_key: String,
+    /// Regions this tenant's requests may be served in (a hard constraint).
+    pub residency: Option<super::global::Residency>,
 }
 
 impl std::fmt::Debug for TenancyConfig {
@@ -320,10 +330,11 @@ fn price_value(p: &mut Vec<String>, key: &str, v: Option<f64>) -> Option<f64> {
 }
 
 /// Validate the observability and tenancy sections; `pools` are the configured
-/// pool names (scaling overrides must name one).
+/// pool names (scaling overrides must name one); `global` resolves tenants' residency.
 pub fn validate(
     raw: ObservabilityRaw,
     pools: &[&str],
+    global: &super::global::GlobalConfig,
     p: &mut Vec<String>,
 ) -> (ObservabilityConfig, TenancyConfig) {
     let t = raw.telemetry;
@@ -509,9 +520,19 @@ pub fn validate(
                         t.api_key_env
                     ));
                 }
+                let residency = t.residency.as_deref().and_then(|r| {
+                    let res = global.residency(r);
+                    if res.is_none() {
+                        p.push(format!(
+                            "{key}.residency: `{r}` is neither a residency zone nor a declared region"
+                        ));
+                    }
+                    res
+                });
                 tenants.push(TenantConfig {
                     name: t.name,
                     api_key: k,
+                    residency,
                 });
             }
             _ => p.push(format!(

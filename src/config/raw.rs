@@ -30,6 +30,17 @@ pub struct RawConfig {
     pub tenancy: super::observability::RawTenancy,
     #[serde(default)]
     pub tenants: Vec<super::observability::RawTenant>,
+    // Global routing (validated in `config/global.rs`).
+    /// `[regions.NAME]`: declared regions, their spill order and round-trip times.
+    #[serde(default)]
+    pub regions: BTreeMap<String, super::global::RawRegion>,
+    /// `[residency]`: zone name → regions.
+    #[serde(default)]
+    pub residency: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub locality: super::global::RawLocality,
+    #[serde(default)]
+    pub splits: Vec<super::global::RawSplit>,
 }
 
 /// Active health checks and passive ejection, for every pool.
@@ -91,6 +102,8 @@ pub struct RawServer {
     pub watch_config: Option<bool>,
     /// Serving threads (one runtime and listener each); 0 or unset: one per CPU.
     pub threads: Option<usize>,
+    /// This gateway's region (one of `[regions]`); turns on locality routing.
+    pub region: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -169,6 +182,9 @@ pub struct RawRouting {
     #[serde(default)]
     pub require_labels: BTreeMap<String, String>,
     pub scorers: Option<Vec<RawScorer>>,
+    /// Regions whose round trip from the gateway's region is within this budget
+    /// (ms) count as local for this pool (cost-aware placement across regions).
+    pub max_added_latency_ms: Option<u32>,
 }
 
 /// One entry of `[pools.routing].scorers`.

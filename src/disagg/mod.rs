@@ -48,7 +48,9 @@ pub async fn forward(
     // for policies without one). A dry-run pick: nothing is recorded.
     let predicted = {
         let req = ctx.route_request();
-        let accept = |i: usize| workers[i].role == Role::Prefill && workers[i].is_available();
+        let accept = |i: usize| {
+            workers[i].role == Role::Prefill && workers[i].is_available() && ctx.allows(&workers[i])
+        };
         ctx.route
             .policy
             .pick(&req, workers, &accept)
@@ -56,7 +58,11 @@ pub async fn forward(
             .unwrap_or(0)
     };
     let uncached = prompt_tokens.saturating_sub(predicted);
-    let any = |f: &dyn Fn(&Worker) -> bool| workers.iter().any(|w| w.is_available() && f(w));
+    let any = |f: &dyn Fn(&Worker) -> bool| {
+        workers
+            .iter()
+            .any(|w| w.is_available() && ctx.allows(w) && f(w))
+    };
     let skip = if uncached < cfg.min_uncached_tokens {
         Some("few_uncached_tokens")
     } else if !any(&|w| w.role == Role::Prefill) {
@@ -117,7 +123,7 @@ pub async fn forward(
             }
         }
     }
-    Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(ctx.route.model.to_string())))
+    Err(last_err.unwrap_or_else(|| ctx.no_worker()))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -147,8 +153,12 @@ fn leg(leg: Leg) -> impl FnOnce(GatewayError) -> LegError {
 /// Prefill by the pool's policy (prefix affinity when configured) over prefill workers.
 fn pick_prefill(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
     let ws = &ctx.route.workers;
-    let accept =
-        |i: usize| ws[i].role == Role::Prefill && ws[i].is_available() && !tried.contains(&i);
+    let accept = |i: usize| {
+        ws[i].role == Role::Prefill
+            && ws[i].is_available()
+            && !tried.contains(&i)
+            && ctx.allows(&ws[i])
+    };
     let req = ctx.route_request();
     let d = ctx.route.policy.pick(&req, ws, &accept)?;
     // The prompt's blocks are now on this prefill worker (prefix index).
@@ -157,7 +167,8 @@ fn pick_prefill(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
 }
 
 /// Decode by load: fewest requests in flight, ties broken by rendezvous hashing of
-/// the routing text so replicas agree.
+/// the routing text so replicas agree; only where the request's residency allows.
+/// (Locality tiers are not applied to the decode leg.)
 fn pick_decode(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
     let ws = &ctx.route.workers;
     let key = ctx
@@ -168,7 +179,9 @@ fn pick_decode(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
     let min = ws
         .iter()
         .enumerate()
-        .filter(|(i, w)| w.role != Role::Prefill && w.is_available() && !tried.contains(i))
+        .filter(|(i, w)| {
+            w.role != Role::Prefill && w.is_available() && !tried.contains(i) && ctx.allows(w)
+        })
         .map(|(_, w)| w.in_flight())
         .min()?;
     rendezvous::pick(
@@ -179,6 +192,7 @@ fn pick_decode(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
                 w.role != Role::Prefill
                     && w.is_available()
                     && !tried.contains(i)
+                    && ctx.allows(w)
                     && w.in_flight() == min
             })
             .map(|(i, w)| (i, w.id_hash)),

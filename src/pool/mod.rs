@@ -15,6 +15,6 @@ pub use discovery::spawn_model_discovery;
 pub use dns::spawn_dns_discovery;
 pub use health::spawn_health_checks;
 pub use k8s::spawn_k8s_discovery;
-pub use registry::{ModelRoute, PoolRuntime, Registry, Snapshot};
+pub use registry::{ModelRoute, PoolRuntime, Registry, Resolved, Snapshot, SplitRoute};
 pub use stats::spawn_stats_poller;
 pub use worker::{InFlightGuard, Role, Worker, WorkerState};

@@ -4,14 +4,14 @@
 
 use super::admission::AdmissionQueue;
 use super::worker::{Worker, WorkerState};
-use crate::config::{Config, PolicyKind, PoolConfig, WorkerConfig};
+use crate::config::{Config, PolicyKind, PoolConfig, Residency, WorkerConfig};
 use crate::proxy::retry_budget::RetryBudget;
-use crate::routing::{self, Policy, PrefixIndex};
-use crate::telemetry::PairMetrics;
+use crate::routing::{self, Policy, PrefixIndex, SpillState, WeightedSplit};
+use crate::telemetry::{names, PairMetrics};
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;
-use metrics::SharedString;
+use metrics::{counter, Counter, SharedString};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -55,6 +55,16 @@ impl ModelRoute {
     }
 }
 
+/// A split model name: its weights and the route of each target pool.
+pub struct SplitRoute {
+    pub split: WeightedSplit,
+    /// The first model's route of each target pool, aligned with the split's
+    /// targets (`None` while a discovered pool has no model yet).
+    pub routes: Vec<Option<Arc<ModelRoute>>>,
+    /// `switchyard_split_decisions_total` per target: [by draw, by session].
+    counters: Vec<[Counter; 2]>,
+}
+
 /// One immutable view of everything routing needs.
 pub struct Snapshot {
     pub config: Arc<Config>,
@@ -63,11 +73,49 @@ pub struct Snapshot {
     pub routes: HashMap<String, Arc<ModelRoute>>,
     /// Pool name → the route of its first model (fallback chains land there).
     pub by_pool: HashMap<String, Arc<ModelRoute>>,
+    /// Split model names (`[[splits]]`) → their targets.
+    pub splits: HashMap<String, SplitRoute>,
+}
+
+/// Where a requested model name leads.
+pub struct Resolved<'a> {
+    pub route: &'a Arc<ModelRoute>,
+    /// The name came from a split: the body's model must become `route.model`.
+    pub split: bool,
 }
 
 impl Snapshot {
     pub fn route(&self, model: &str) -> Option<&Arc<ModelRoute>> {
         self.routes.get(model)
+    }
+
+    /// The route for a requested name: a pool's model, alias or adapter, else a
+    /// split resolved by `session` (sticky) or by weight. Split targets without an
+    /// available worker the `residency` allows are passed over while another has one.
+    pub fn resolve(
+        &self,
+        model: &str,
+        session: Option<&str>,
+        residency: Option<&Residency>,
+    ) -> Option<Resolved<'_>> {
+        if let Some(route) = self.routes.get(model) {
+            return Some(Resolved {
+                route,
+                split: false,
+            });
+        }
+        let s = self.splits.get(model)?;
+        let usable = |i: usize| {
+            s.routes[i].as_ref().is_some_and(|r| {
+                r.workers.iter().any(|w| {
+                    w.is_available() && residency.is_none_or(|res| res.regions.contains(w.region))
+                })
+            })
+        };
+        let i = s.split.pick(session, usable);
+        let route = s.routes.get(i)?.as_ref()?;
+        s.counters[i][session.is_some() as usize].increment(1);
+        Some(Resolved { route, split: true })
     }
 
     /// The route a fallback to `pool` uses.
@@ -77,7 +125,12 @@ impl Snapshot {
 
     /// Names clients may request, sorted (aliases included).
     pub fn model_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.routes.keys().cloned().collect();
+        let mut v: Vec<String> = self
+            .routes
+            .keys()
+            .chain(self.splits.keys())
+            .cloned()
+            .collect();
         v.sort();
         v
     }
@@ -120,6 +173,8 @@ pub struct Registry {
     /// Per-pool state that outlives rebuilds.
     budgets: DashMap<String, Arc<RetryBudget>>,
     queues: DashMap<String, Arc<AdmissionQueue>>,
+    /// Locality spill state per pool name (hysteresis outlives rebuilds).
+    spill: DashMap<String, Arc<SpillState>>,
 }
 
 impl Registry {
@@ -131,6 +186,7 @@ impl Registry {
                 pools: Vec::new(),
                 routes: HashMap::new(),
                 by_pool: HashMap::new(),
+                splits: HashMap::new(),
             }),
             config: ArcSwap::new(config),
             states: DashMap::new(),
@@ -139,6 +195,7 @@ impl Registry {
             removed: DashMap::new(),
             budgets: DashMap::new(),
             queues: DashMap::new(),
+            spill: DashMap::new(),
         };
         reg.rebuild();
         Arc::new(reg)
@@ -251,7 +308,13 @@ impl Registry {
                         .or_default()
                         .clone();
                     match Worker::new(&wc.url, wc.labels.clone(), state) {
-                        Ok(w) => Some(Arc::new(w)),
+                        Ok(mut w) => {
+                            w.region = wc
+                                .labels
+                                .get(crate::config::global::REGION_LABEL)
+                                .and_then(|r| config.global.region_id(r));
+                            Some(Arc::new(w))
+                        }
                         Err(e) => {
                             tracing::error!(worker = %wc.url, error = %e, "skipping worker");
                             None
@@ -305,6 +368,12 @@ impl Registry {
                 retry_budget,
                 queue,
             });
+            let spill = config.global.region.map(|_| {
+                self.spill
+                    .entry(pc.name.clone())
+                    .or_insert_with(|| Arc::new(SpillState::new(&pc.name)))
+                    .clone()
+            });
             // model name → workers serving it
             let mut served: Vec<(String, Vec<Arc<Worker>>)> = Vec::new();
             if pc.models.is_empty() {
@@ -342,6 +411,8 @@ impl Registry {
                         pool: pc,
                         workers: &ws,
                         index: prefix_index.as_ref(),
+                        global: &config.global,
+                        spill: spill.as_ref(),
                     })
                 };
                 let overrides = if pc.routing.allow_policy_override {
@@ -388,11 +459,42 @@ impl Registry {
             }
             pools.push(pool);
         }
+        let splits = config
+            .global
+            .splits
+            .iter()
+            .map(|sc| {
+                let model = SharedString::from(Arc::<str>::from(sc.model.as_str()));
+                let split = SplitRoute {
+                    split: WeightedSplit::new(sc.targets.iter().map(|(p, w)| (p.as_str(), *w))),
+                    routes: sc
+                        .targets
+                        .iter()
+                        .map(|(p, _)| by_pool.get(p).cloned())
+                        .collect(),
+                    counters: sc
+                        .targets
+                        .iter()
+                        .map(|(p, _)| {
+                            let pool = SharedString::from(Arc::<str>::from(p.as_str()));
+                            [false, true].map(|sticky| {
+                                counter!(names::SPLIT_DECISIONS_TOTAL,
+                                    names::L_MODEL => model.clone(),
+                                    names::L_POOL => pool.clone(),
+                                    names::L_STICKY => if sticky { "true" } else { "false" })
+                            })
+                        })
+                        .collect(),
+                };
+                (sc.model.clone(), split)
+            })
+            .collect();
         self.current.store(Arc::new(Snapshot {
             config,
             pools,
             routes,
             by_pool,
+            splits,
         }));
     }
 }

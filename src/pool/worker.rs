@@ -38,6 +38,9 @@ pub struct Worker {
     pub path_prefix: Arc<str>,
     pub labels: BTreeMap<String, String>,
     pub role: Role,
+    /// The declared region of the `region` label (set by the registry); `None`
+    /// when unlabelled or not declared in `[regions]`.
+    pub region: Option<crate::config::RegionId>,
     /// xxh3 of `id`, computed once for rendezvous hashing.
     pub id_hash: u64,
     pub state: Arc<WorkerState>,
@@ -94,6 +97,7 @@ impl Worker {
             authority,
             path_prefix: Arc::from(prefix),
             role: Role::from_label(labels.get("role").map(String::as_str)),
+            region: None,
             labels,
             id_hash: xxhash_rust::xxh3::xxh3_64(url.as_bytes()),
             state,

@@ -22,6 +22,16 @@ pub enum GatewayError {
     NotFound(String),
     #[error("No healthy worker is available for model `{0}`")]
     NoHealthyWorker(String),
+    /// The request's residency leaves no worker able to serve it.
+    #[error("no worker in residency '{residency}' (regions {regions}) can serve model '{model}'")]
+    ResidencyUnavailable {
+        residency: Arc<str>,
+        /// The allowed regions, for the message (`none` when the set is empty).
+        regions: String,
+        model: String,
+    },
+    #[error("Unknown residency `{value}` in x-switchyard-residency (expected a residency zone or declared regions: {known})")]
+    InvalidResidency { value: String, known: String },
     #[error("Pool `{0}` is at capacity and its queue is full; retry later")]
     QueueFull(String),
     #[error("Pool `{0}` is at capacity; the request waited too long in the queue")]
@@ -38,10 +48,12 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
-            MalformedJson(_) | MissingModel | BodyRead(_) => StatusCode::BAD_REQUEST,
+            MalformedJson(_) | MissingModel | BodyRead(_) | InvalidResidency { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            NoHealthyWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            NoHealthyWorker(_) | ResidencyUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull(_) | QueueTimeout(_) => StatusCode::TOO_MANY_REQUESTS,
             UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -59,6 +71,8 @@ impl GatewayError {
             BodyRead(_) => "body_read",
             NotFound(_) => "not_found",
             NoHealthyWorker(_) => "no_healthy_worker",
+            ResidencyUnavailable { .. } => "residency_unavailable",
+            InvalidResidency { .. } => "invalid_residency",
             QueueFull(_) => "queue_full",
             QueueTimeout(_) => "queue_timeout",
             UpstreamConnect { .. } => "upstream_connect",
@@ -72,9 +86,16 @@ impl GatewayError {
     pub fn class(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            MalformedJson(_) | MissingModel | BodyRead(_) | UnknownModel(_) | NotFound(_)
-            | BodyTooLarge(_) => "client",
-            NoHealthyWorker(_) | QueueFull(_) | QueueTimeout(_) => "gateway",
+            MalformedJson(_)
+            | MissingModel
+            | BodyRead(_)
+            | UnknownModel(_)
+            | NotFound(_)
+            | BodyTooLarge(_)
+            | InvalidResidency { .. } => "client",
+            NoHealthyWorker(_) | ResidencyUnavailable { .. } | QueueFull(_) | QueueTimeout(_) => {
+                "gateway"
+            }
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
         }
     }
@@ -96,6 +117,7 @@ impl GatewayError {
             || matches!(
                 self,
                 GatewayError::NoHealthyWorker(_)
+                    | GatewayError::ResidencyUnavailable { .. }
                     | GatewayError::QueueFull(_)
                     | GatewayError::QueueTimeout(_)
             )
@@ -104,9 +126,14 @@ impl GatewayError {
     fn openai_type(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            MalformedJson(_) | MissingModel | BodyRead(_) | UnknownModel(_) | NotFound(_)
-            | BodyTooLarge(_) => "invalid_request_error",
-            NoHealthyWorker(_) => "service_unavailable",
+            MalformedJson(_)
+            | MissingModel
+            | BodyRead(_)
+            | UnknownModel(_)
+            | NotFound(_)
+            | BodyTooLarge(_)
+            | InvalidResidency { .. } => "invalid_request_error",
+            NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
             QueueFull(_) | QueueTimeout(_) => "rate_limit_exceeded",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => {
                 "upstream_error"
@@ -121,6 +148,8 @@ impl GatewayError {
             UnknownModel(_) => (Some("model"), Some("model_not_found")),
             BodyTooLarge(_) => (None, Some("request_too_large")),
             NotFound(_) => (None, Some("unknown_url")),
+            ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
+            InvalidResidency { .. } => (None, Some("invalid_residency")),
             _ => (None, None),
         }
     }

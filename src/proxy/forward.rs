@@ -6,8 +6,7 @@ use super::error::GatewayError;
 use super::headers::strip_hop_by_hop;
 use super::observe::{ObserveParams, ObservedBody};
 use crate::api::{Endpoint, RequestInfo};
-use crate::config::HealthConfig;
-use crate::config::Timeouts;
+use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
 use crate::pool::admission::{Priority, QueueError};
 use crate::pool::{health, InFlightGuard, ModelRoute, Role, Worker};
 use crate::routing::{Reason, RouteRequest};
@@ -46,6 +45,35 @@ impl ForwardContext<'_> {
                 .get(SESSION_HEADER)
                 .and_then(|v| v.to_str().ok()),
         )
+        .with_residency(self.residency)
+    }
+
+    /// The request's residency allows `worker`'s region.
+    #[inline]
+    pub(crate) fn allows(&self, worker: &Worker) -> bool {
+        self.residency
+            .is_none_or(|r| r.regions.contains(worker.region))
+    }
+
+    /// The error when no worker could take the request: one naming the residency
+    /// when the request has one, else "no healthy worker".
+    pub(crate) fn no_worker(&self) -> GatewayError {
+        let model = self
+            .info
+            .model
+            .clone()
+            .unwrap_or_else(|| self.route.model.to_string());
+        match self.residency {
+            Some(r) => GatewayError::ResidencyUnavailable {
+                residency: r.name.clone(),
+                regions: match self.global.names(r.regions) {
+                    n if n.is_empty() => "none".into(),
+                    n => n,
+                },
+                model,
+            },
+            None => GatewayError::NoHealthyWorker(model),
+        }
     }
 
     pub(crate) fn deadline(&self) -> Instant {
@@ -69,6 +97,10 @@ pub struct ForwardContext<'a> {
     pub start: Instant,
     /// Tenant, labels, trace and wait accounting of the request.
     pub tags: &'a RequestTags,
+    /// The regions the request may be served in (`None`: anywhere).
+    pub residency: Option<&'a Residency>,
+    /// Region names, for messages.
+    pub global: &'a GlobalConfig,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -125,7 +157,10 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
     pool.retry_budget.on_request();
     let eligible = |i: usize, tried: &[usize]| {
         let w = &route.workers[i];
-        w.is_available() && !tried.contains(&i) && !(skip_prefill && w.role == Role::Prefill)
+        w.is_available()
+            && !tried.contains(&i)
+            && !(skip_prefill && w.role == Role::Prefill)
+            && ctx.allows(w)
     };
 
     let mut attempt = 0;
@@ -163,7 +198,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     _ => match (attempt > 0)
                         .then(|| {
                             policy.pick(&rreq, &route.workers, &|i| {
-                                last_resort(route, i, &tried, skip_prefill)
+                                last_resort(route, i, &tried, skip_prefill, &rreq)
                             })
                         })
                         .flatten()
@@ -214,7 +249,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
             Ok((resp, guard)) => {
                 let status = resp.status();
                 if retryable_status(status)
-                    && may_retry(route, &tried, attempt, deadline, &pool_label)
+                    && may_retry(route, &rreq, &tried, attempt, deadline, &pool_label)
                 {
                     tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
                     continue;
@@ -251,13 +286,13 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
             Err(err) => {
                 let retry = err.retryable();
                 last_err = Some(err);
-                if !retry || !may_retry(route, &tried, attempt, deadline, &pool_label) {
+                if !retry || !may_retry(route, &rreq, &tried, attempt, deadline, &pool_label) {
                     break;
                 }
             }
         }
     }
-    Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(route.model.to_string())))
+    Err(last_err.unwrap_or_else(|| ctx.no_worker()))
 }
 
 /// Send `body` to `worker` with the client's (filtered) headers, bounded by the
@@ -273,6 +308,11 @@ pub(crate) async fn send(
     let health = ctx.health;
     let worker = &route.workers[idx];
     let metrics = &route.metrics[idx];
+    if !ctx.allows(worker) {
+        // Routing never offers such a worker; this is the last line of defence.
+        tracing::error!(worker = %worker.id, "refusing to send outside the request's residency");
+        return Err(ctx.no_worker());
+    }
     let attempt_span = new_span_id();
     let upstream_req = prepare(ctx, worker, body, attempt_span)?;
     let guard = worker.begin(route.pool.queue.as_ref());
@@ -346,6 +386,7 @@ pub(crate) async fn send(
 /// take it, and the pool's retry budget has a retry to spend (checked last: it takes one).
 fn may_retry(
     route: &ModelRoute,
+    rreq: &RouteRequest<'_>,
     tried: &[usize],
     attempt: u32,
     deadline: Instant,
@@ -357,8 +398,8 @@ fn may_retry(
     }
     let skip_prefill = pool.config.disaggregation.is_some();
     let candidate = (0..route.workers.len()).any(|i| {
-        (route.workers[i].is_available() && !tried.contains(&i))
-            || last_resort(route, i, tried, skip_prefill)
+        (route.workers[i].is_available() && !tried.contains(&i) && rreq.allows(&route.workers[i]))
+            || last_resort(route, i, tried, skip_prefill, rreq)
     });
     if !candidate {
         return false;
@@ -380,13 +421,20 @@ pub(crate) fn retryable_status(s: http::StatusCode) -> bool {
 
 /// May worker `i` take a retry when no untried available worker is left? Not
 /// ejected or draining (a 429 cooldown is tolerated), not the worker that failed
-/// last, not prefill-only in a disaggregated pool.
-fn last_resort(route: &ModelRoute, i: usize, tried: &[usize], skip_prefill: bool) -> bool {
+/// last, not prefill-only in a disaggregated pool, and allowed by the residency.
+fn last_resort(
+    route: &ModelRoute,
+    i: usize,
+    tried: &[usize],
+    skip_prefill: bool,
+    rreq: &RouteRequest<'_>,
+) -> bool {
     let w = &route.workers[i];
     w.state.healthy.load(Ordering::Relaxed)
         && !w.state.draining.load(Ordering::Relaxed)
         && tried.last() != Some(&i)
         && !(skip_prefill && w.role == Role::Prefill)
+        && rreq.allows(w)
 }
 
 /// Jittered exponential backoff before retry number `attempt` (1-based).

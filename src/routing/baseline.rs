@@ -17,7 +17,7 @@ fn first_accepted(
     (0..n)
         .map(|k| (start + k) % n)
         .find(|&i| accept(i))
-        .map(|index| Decision { index, reason })
+        .map(|index| Decision::new(index, reason))
 }
 
 /// Next acceptable worker after a shared rotating cursor.

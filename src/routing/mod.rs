@@ -9,18 +9,29 @@
 //! ties broken by rendezvous hashing on a stable request key. `least_queue`,
 //! `prefix`, `cost` and `session` are presets of the pipeline; `weighted` takes
 //! its scorers from the config.
+//!
+//! Global routing wraps any of them: [`Regional`] (`region.rs`) first filters by
+//! the request's residency (a hard constraint) and then offers the policy one
+//! locality tier at a time — the gateway's region (plus regions within the pool's
+//! latency budget), then the spill order — with hysteresis on the local tier's
+//! load. [`WeightedSplit`] (`split.rs`) resolves a split model name to a pool
+//! before any of this.
 
 mod baseline;
 mod pipeline;
 pub mod prefix_index;
+pub mod region;
 pub mod rendezvous;
+pub mod split;
 
 pub use baseline::{RandomPolicy, RoundRobin};
 pub use pipeline::{hash_blocks, Pipeline};
 pub use prefix_index::PrefixIndex;
+pub use region::{request_residency, CrossReason, Regional, SpillState, RESIDENCY_HEADER};
+pub use split::WeightedSplit;
 
 use crate::api::RequestInfo;
-use crate::config::{PolicyKind, PoolConfig};
+use crate::config::{GlobalConfig, PolicyKind, PoolConfig, Residency};
 use crate::pool::Worker;
 use std::sync::{Arc, OnceLock};
 
@@ -87,6 +98,18 @@ impl Reason {
 pub struct Decision {
     pub index: usize,
     pub reason: Reason,
+    /// Set by [`Regional`] when the worker is outside the gateway's region: why.
+    pub cross: Option<CrossReason>,
+}
+
+impl Decision {
+    pub fn new(index: usize, reason: Reason) -> Decision {
+        Decision {
+            index,
+            reason,
+            cross: None,
+        }
+    }
 }
 
 /// What a policy may look at besides the workers. Derived features (prefix block
@@ -95,6 +118,9 @@ pub struct RouteRequest<'a> {
     pub info: &'a RequestInfo,
     /// `x-session-id` header, when present.
     pub session: Option<&'a str>,
+    /// The regions the request may be served in (tenant and/or header); `None`:
+    /// anywhere.
+    pub residency: Option<&'a Residency>,
     blocks: OnceLock<Vec<u64>>,
 }
 
@@ -103,8 +129,23 @@ impl<'a> RouteRequest<'a> {
         RouteRequest {
             info,
             session,
+            residency: None,
             blocks: OnceLock::new(),
         }
+    }
+
+    /// The same request restricted to `residency`.
+    pub fn with_residency(mut self, residency: Option<&'a Residency>) -> RouteRequest<'a> {
+        self.residency = residency;
+        self
+    }
+
+    /// Whether the request may be served by `worker` (its residency allows the
+    /// worker's region).
+    #[inline]
+    pub fn allows(&self, worker: &Worker) -> bool {
+        self.residency
+            .is_none_or(|r| r.regions.contains(worker.region))
     }
 
     /// The session key: `x-session-id`, else the body's `user`.
@@ -160,14 +201,25 @@ pub struct BuildContext<'a> {
     pub workers: &'a [Arc<Worker>],
     /// The pool's prefix index, when the pool keeps one.
     pub index: Option<&'a Arc<PrefixIndex>>,
+    /// Regions, the gateway's region and the locality settings.
+    pub global: &'a GlobalConfig,
+    /// The pool's locality state (kept by the registry across rebuilds); locality
+    /// tiers are used only with it and a gateway region.
+    pub spill: Option<&'a Arc<SpillState>>,
 }
 
-/// Instantiate a route's policy.
+/// Instantiate a route's policy: the pool's policy, wrapped in the residency
+/// filter and locality tiers when regions are configured.
 pub fn build(ctx: &BuildContext<'_>) -> Box<dyn Policy> {
-    match ctx.kind {
+    let inner: Box<dyn Policy> = match ctx.kind {
         PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
         PolicyKind::Random => Box::new(RandomPolicy),
         _ => Box::new(Pipeline::new(ctx)),
+    };
+    if ctx.global.regions.is_empty() {
+        inner
+    } else {
+        Box::new(Regional::new(ctx, inner))
     }
 }
 

@@ -377,10 +377,7 @@ impl Pipeline {
 
         if self.power_of_two {
             let k = self.pick_two(&cands, workers, key);
-            return Some(Decision {
-                index: cands[k].i,
-                reason: Reason::LeastQueue,
-            });
+            return Some(Decision::new(cands[k].i, Reason::LeastQueue));
         }
 
         // Spill rules.
@@ -447,7 +444,7 @@ impl Pipeline {
                 },
             }
         };
-        Some(Decision { index: c.i, reason })
+        Some(Decision::new(c.i, reason))
     }
 
     fn record_impl(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
@@ -524,6 +521,8 @@ mod tests {
             pool: &pc,
             workers: &workers,
             index: Some(&index),
+            global: &Default::default(),
+            spill: None,
         });
         Fixture { workers, policy }
     }
@@ -568,13 +567,7 @@ mod tests {
         }
         let info = chat("hello");
         let d = pick(&f, &info, None);
-        assert_eq!(
-            d,
-            Decision {
-                index: 1,
-                reason: Reason::LeastQueue
-            }
-        );
+        assert_eq!(d, Decision::new(1, Reason::LeastQueue));
         // A burst sent to w1 since the last scrape makes w0 the shortest.
         let _guards: Vec<_> = (0..4).map(|_| f.workers[1].begin(None)).collect();
         assert_eq!(pick(&f, &info, None).index, 0);
@@ -671,10 +664,7 @@ mod tests {
         // Once placed, the prefix stays there (a hit, not a new placement).
         assert_eq!(
             pick(&f2, &info, None),
-            Decision {
-                index: d.index,
-                reason: Reason::PrefixHit
-            }
+            Decision::new(d.index, Reason::PrefixHit)
         );
     }
 
@@ -744,13 +734,7 @@ mod tests {
         for (i, w) in f.workers.iter().enumerate() {
             set_queue(w, if i == 2 { 0 } else { 3 });
         }
-        assert_eq!(
-            pick(&f, &info, None),
-            Decision {
-                index: 2,
-                reason: Reason::LeastQueue
-            }
-        );
+        assert_eq!(pick(&f, &info, None), Decision::new(2, Reason::LeastQueue));
     }
 
     #[test]
@@ -772,10 +756,7 @@ mod tests {
         );
         assert_eq!(
             pick(&f, &chat("x"), None),
-            Decision {
-                index: 3,
-                reason: Reason::LeastQueue
-            }
+            Decision::new(3, Reason::LeastQueue)
         );
         assert!(f
             .policy

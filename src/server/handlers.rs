@@ -2,8 +2,10 @@
 
 use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
-use crate::proxy::{self, ForwardContext, GatewayError};
+use crate::proxy::{self, ForwardContext, GatewayError, SESSION_HEADER};
+use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
+use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -27,6 +29,15 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let mut known: Option<&Arc<crate::pool::ModelRoute>> = None;
     // Admission: who is calling, and which trace this request belongs to.
     let tenant = gw.tenancy.load().resolve(&parts.headers);
+    // Where the request may be served: the tenant's residency, narrowed by the header.
+    let residency = request_residency(
+        &snap.config.global,
+        tenant.residency.as_ref(),
+        parts
+            .headers
+            .get(RESIDENCY_HEADER)
+            .map(|v| v.to_str().unwrap_or("\u{fffd}")),
+    );
     let sample = snap
         .config
         .observability
@@ -51,9 +62,26 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
             } else {
                 GatewayError::MissingModel
             })?;
-        let route = snap
-            .route(name)
+        let residency = residency.as_ref().map_err(|v| GatewayError::InvalidResidency {
+            value: v.clone(),
+            known: known_residencies(&snap.config.global),
+        })?;
+        let session = parts
+            .headers
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .or(info.user.as_deref());
+        // A pool's model name, or a split resolved to one of its pools.
+        let resolved = snap
+            .resolve(name, session, residency.as_ref())
             .ok_or_else(|| GatewayError::UnknownModel(name.to_string()))?;
+        let route = resolved.route;
+        // A split target gets the model name its pool serves.
+        let body = if resolved.split {
+            proxy::rewrite_model(&body, Some(&route.model))?
+        } else {
+            body
+        };
         known = Some(route);
         tags.pool = Some(route.pool.name.clone().into());
         if tags.tracing() {
@@ -89,6 +117,8 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
                 debug_headers: server.debug_headers,
                 start,
                 tags: &tags,
+                residency: residency.as_ref(),
+                global: &snap.config.global,
             })
             .await;
             let err = match result {
@@ -96,13 +126,28 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
                 other => return other,
             };
             visited.push(&route.pool.name);
+            // The next pool of the chain that has a worker in the request's residency
+            // (a pool entirely outside it is passed over, never tried).
             let next = route
                 .pool
                 .config
                 .fallback
                 .iter()
                 .filter(|p| !visited.contains(&p.as_str()))
-                .find_map(|p| snap.pool_route(p));
+                .filter_map(|p| snap.pool_route(p))
+                .find(|n| {
+                    let Some(r) = residency.as_ref() else {
+                        return true;
+                    };
+                    let inside = n.workers.iter().any(|w| r.regions.contains(w.region));
+                    if !inside {
+                        metrics::counter!(names::FALLBACKS_SKIPPED_TOTAL,
+                            names::L_POOL => metrics::SharedString::from(route.pool.name.clone()),
+                            names::L_TARGET => metrics::SharedString::from(n.pool.name.clone()))
+                        .increment(1);
+                    }
+                    inside
+                });
             match next {
                 Some(n) => {
                     tracing::info!(from = %route.pool.name, to = %n.pool.name, error = %err, "falling back");
@@ -134,6 +179,21 @@ pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     };
     resp.headers_mut().insert(request_id::HEADER, request_id);
     resp
+}
+
+/// Zones and regions a residency header may name, for the error message.
+fn known_residencies(g: &crate::config::GlobalConfig) -> String {
+    let names: Vec<&str> = g
+        .zones
+        .iter()
+        .map(|z| &*z.name)
+        .chain(g.regions.iter().map(|r| &*r.name))
+        .collect();
+    if names.is_empty() {
+        "none configured".into()
+    } else {
+        names.join(", ")
+    }
 }
 
 async fn read_body(

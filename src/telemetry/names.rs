@@ -43,6 +43,12 @@ pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
 
+// ---- Global routing (issue 7) ----
+pub const SPLIT_DECISIONS_TOTAL: &str = "switchyard_split_decisions_total";
+pub const CROSS_REGION_REQUESTS_TOTAL: &str = "switchyard_cross_region_requests_total";
+pub const LOCALITY_SPILLING: &str = "switchyard_locality_spilling";
+pub const FALLBACKS_SKIPPED_TOTAL: &str = "switchyard_fallbacks_skipped_total";
+
 // ---- Observability and cost (issue 6) ----
 pub const COST_USD_TOTAL: &str = "switchyard_cost_usd_total";
 pub const GATEWAY_OVERHEAD_SECONDS: &str = "switchyard_gateway_overhead_seconds";
@@ -82,6 +88,9 @@ pub const L_STATE: &str = "state";
 pub const L_MODE: &str = "mode";
 pub const L_LEG: &str = "leg";
 pub const L_TARGET: &str = "target";
+pub const L_FROM: &str = "from";
+pub const L_TO: &str = "to";
+pub const L_STICKY: &str = "sticky";
 
 /// Register help text and units for every metric.
 pub fn describe() {
@@ -141,6 +150,22 @@ pub fn describe() {
     describe_counter!(
         FALLBACKS_TOTAL,
         "Requests handed from a pool to the next pool of its fallback chain, by pool and target."
+    );
+    describe_counter!(
+        FALLBACKS_SKIPPED_TOTAL,
+        "Fallback pools passed over because none of their workers is in the request's residency, by pool and target."
+    );
+    describe_counter!(
+        SPLIT_DECISIONS_TOTAL,
+        "Requests for a split model name resolved to one of its pools, by model, pool and sticky (true: by session key)."
+    );
+    describe_counter!(
+        CROSS_REGION_REQUESTS_TOTAL,
+        "Routed attempts sent outside the gateway's region, by from/to region and reason (local_unhealthy, local_overloaded, local_exhausted, no_local_worker, residency, within_budget)."
+    );
+    describe_gauge!(
+        LOCALITY_SPILLING,
+        "1 while a pool's local tier spills new requests to other regions (overloaded or unhealthy), else 0."
     );
 }
 

@@ -3,10 +3,11 @@
 //! are never stored here, logged or compared byte by byte); without a recognised
 //! key the tenant is `anonymous`, or the `x-switchyard-tenant` header when the
 //! config trusts it. The tenant travels with the request (`telemetry::RequestTags`)
-//! so metrics, cost and, later, residency rules can use it.
+//! so metrics and cost can use it; a tenant's residency (`[[tenants]] residency`)
+//! is a hard constraint on the regions its requests may be served in.
 
 use crate::config::observability::ANONYMOUS_TENANT;
-use crate::config::TenancyConfig;
+use crate::config::{Residency, TenancyConfig};
 use http::HeaderMap;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub struct Tenant {
     pub name: Arc<str>,
     /// The tenant was identified by a configured API key.
     pub authenticated: bool,
+    /// The regions this tenant's requests must stay in.
+    pub residency: Option<Residency>,
 }
 
 /// API-key → tenant lookup, built from the config.
@@ -49,6 +52,7 @@ impl Tenancy {
                     Tenant {
                         name: Arc::from(t.name.as_str()),
                         authenticated: true,
+                        residency: t.residency.clone(),
                     },
                 )
             })
@@ -58,6 +62,7 @@ impl Tenancy {
             anonymous: Tenant {
                 name: Arc::from(ANONYMOUS_TENANT),
                 authenticated: false,
+                residency: None,
             },
             trust_header: cfg.trust_tenant_header,
         }
@@ -89,6 +94,7 @@ impl Tenancy {
                 return Tenant {
                     name: Arc::from(n),
                     authenticated: false,
+                    residency: None,
                 };
             }
         }
@@ -107,10 +113,12 @@ mod tests {
                 TenantConfig {
                     name: "acme".into(),
                     api_key: "sk-acme-123".into(),
+                    residency: None,
                 },
                 TenantConfig {
                     name: "globex".into(),
                     api_key: "sk-globex-456".into(),
+                    residency: None,
                 },
             ],
             trust_tenant_header: trust,
