@@ -28,6 +28,8 @@ pub struct PoolRuntime {
     pub retry_budget: Arc<RetryBudget>,
     /// Present when the pool limits concurrency per worker.
     pub queue: Option<Arc<AdmissionQueue>>,
+    /// The pool's metric handles (overhead, routing decisions).
+    pub metrics: crate::telemetry::PoolMetrics,
 }
 
 /// Where requests for one model name go.
@@ -367,6 +369,9 @@ impl Registry {
                 prefix_index: prefix_index.clone(),
                 retry_budget,
                 queue,
+                metrics: crate::telemetry::PoolMetrics::new(SharedString::from(Arc::<str>::from(
+                    pc.name.as_str(),
+                ))),
             });
             let spill = config.global.region.map(|_| {
                 self.spill

@@ -121,8 +121,10 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
     };
     // Overhead: time to the response head not spent waiting on workers, the pool
     // queue or retry backoff.
-    let pool = SharedString::from(ctx.route.pool.name.clone());
-    telemetry::record_overhead(&pool, ctx.start.elapsed().saturating_sub(ctx.tags.waited()));
+    ctx.route
+        .pool
+        .metrics
+        .record_overhead(ctx.start.elapsed().saturating_sub(ctx.tags.waited()));
     result
 }
 
@@ -134,7 +136,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
     let skip_prefill = pool.config.disaggregation.is_some();
     let rreq = ctx.route_request();
     let deadline = ctx.deadline();
-    let pool_label = SharedString::from(pool.name.clone());
+    let pool_label = pool.metrics.name.clone();
     let limit = pool.config.max_concurrency_per_worker;
     // The pool's policy, or the one the request names when the pool allows it.
     let policy = match ctx
@@ -220,7 +222,8 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
             ctx.tags.add_waited(b.elapsed());
         }
         attempt += 1;
-        telemetry::record_decision(&pool_label, policy.name(), decision.reason.as_str());
+        pool.metrics
+            .record_decision(policy.name(), decision.reason.as_str());
         // Before `record`, which teaches the index this request's blocks.
         let predicted = policy.predicted_cached_tokens(&decision, &rreq);
         policy.record(&decision, &rreq, &route.workers);

@@ -15,12 +15,14 @@ use crate::proxy::UpstreamClient;
 use crate::telemetry::{self, names};
 use axum::routing::{get, post};
 use axum::Router;
+use hyper::service::Service as HyperService;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use metrics::gauge;
 use metrics_exporter_prometheus::PrometheusHandle;
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,6 +127,37 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .merge(crate::dashboard::router(&gw))
         .fallback(handlers::fallback)
         .with_state(gw)
+}
+
+/// The client-facing service. Inference POSTs go straight to the proxy handler,
+/// so the hot path skips the router's matching and extractor layers; everything
+/// else (and anything unusual) goes through the axum router.
+#[derive(Clone)]
+struct GatewayService {
+    gw: Arc<Gateway>,
+    app: TowerToHyperService<Router>,
+}
+
+type ServiceFuture =
+    std::pin::Pin<Box<dyn Future<Output = Result<axum::response::Response, Infallible>> + Send>>;
+
+impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = ServiceFuture;
+
+    fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if req.method() == http::Method::POST
+            && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
+        {
+            let gw = self.gw.clone();
+            Box::pin(async move {
+                Ok(handlers::proxy(axum::extract::State(gw), req.map(axum::body::Body::new)).await)
+            })
+        } else {
+            Box::pin(self.app.call(req))
+        }
+    }
 }
 
 /// A running gateway: its address and a way to stop it.
@@ -240,7 +273,10 @@ pub(crate) async fn serve_with_permits(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let svc = TowerToHyperService::new(app.clone());
+                let svc = GatewayService {
+                    gw: gw.clone(),
+                    app: TowerToHyperService::new(app.clone()),
+                };
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
                 let conn = graceful.watch(conn.into_owned());
                 let open = gauge!(names::CONNECTIONS_OPEN);

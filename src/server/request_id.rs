@@ -21,12 +21,38 @@ pub fn get_or_make(headers: &HeaderMap) -> HeaderValue {
         }
     }
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    HeaderValue::from_str(&format!("sy-{:08x}-{n:012x}", *PREFIX)).expect("hex is a valid header")
+    // `sy-{prefix:08x}-{n:012x}`, written by hand: this runs for every request and
+    // `format!` costs more than the rest of the id.
+    let mut buf = *b"sy-00000000-000000000000";
+    hex_into(&mut buf[3..11], u64::from(*PREFIX));
+    hex_into(&mut buf[12..24], n);
+    HeaderValue::from_bytes(&buf).expect("hex is a valid header")
+}
+
+/// Lower-case hex of the low `out.len()` nibbles of `v`, most significant first.
+fn hex_into(out: &mut [u8], mut v: u64) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in out.iter_mut().rev() {
+        *b = HEX[(v & 0xf) as usize];
+        v >>= 4;
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn made_ids_are_prefix_and_counter_in_hex() {
+        let id = get_or_make(&HeaderMap::new());
+        let s = id.to_str().unwrap();
+        assert_eq!(s.len(), 24, "{s}");
+        assert_eq!(&s[3..11], format!("{:08x}", *PREFIX));
+        let n = u64::from_str_radix(&s[12..], 16).unwrap();
+        let next = get_or_make(&HeaderMap::new());
+        let m = u64::from_str_radix(&next.to_str().unwrap()[12..], 16).unwrap();
+        assert!(m > n, "{s} then {next:?}");
+    }
 
     #[test]
     fn propagates_sane_ids_and_replaces_bad_ones() {

@@ -10,13 +10,12 @@ use super::access_log::{self, AccessLog, AccessRecord};
 use super::labels::BoundedLabels;
 use super::scaling::{Recommendation, Scaler, ScalingInput};
 use super::trace::{TraceContext, Tracer};
-use super::{cost, names, status_label, Outcome, RequestMetrics, LATENCY_BUCKETS};
+use super::{cost, names, status_label, FastMap, Outcome, RequestMetrics, LATENCY_BUCKETS};
 use crate::config::observability::ScalingTargets;
 use crate::config::Config;
 use crate::pool::{Registry, Snapshot, Worker};
 use crate::tenancy::Tenant;
 use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use http::HeaderValue;
 use metrics::{counter, gauge, SharedString};
 use serde::Serialize;
@@ -320,11 +319,11 @@ pub struct Hub {
     window_s: usize,
     second: Second,
     /// Cost so far (nano-USD) by (model, region, tenant).
-    costs: DashMap<(SharedString, SharedString, SharedString), AtomicU64>,
-    cache: DashMap<SharedString, CacheAcc>,
-    workers: DashMap<Arc<str>, Arc<WorkerAcc>>,
+    costs: FastMap<(SharedString, SharedString, SharedString), AtomicU64>,
+    cache: FastMap<SharedString, CacheAcc>,
+    workers: FastMap<Arc<str>, Arc<WorkerAcc>>,
     /// TTFT of the current second, per pool.
-    pool_ttft: DashMap<SharedString, AtomicHist>,
+    pool_ttft: FastMap<SharedString, AtomicHist>,
     tick: Mutex<TickState>,
     fleet: ArcSwap<FleetView>,
 }
@@ -341,10 +340,10 @@ impl Hub {
             tracer: o.tracing.as_ref().map(Tracer::start),
             window_s: o.dashboard_window_s,
             second: Second::default(),
-            costs: DashMap::new(),
-            cache: DashMap::new(),
-            workers: DashMap::new(),
-            pool_ttft: DashMap::new(),
+            costs: FastMap::default(),
+            cache: FastMap::default(),
+            workers: FastMap::default(),
+            pool_ttft: FastMap::default(),
             tick: Mutex::new(TickState::default()),
             fleet: ArcSwap::from_pointee(FleetView::default()),
         })
@@ -401,19 +400,33 @@ impl Hub {
             .clone()
             .unwrap_or(SharedString::const_str(NONE_LABEL));
         let class = proxied_class(f.status, f.outcome);
-        counter!(
-            names::REQUESTS_TOTAL,
-            names::L_MODEL => f.pair.model.clone(),
-            names::L_POOL => pool.clone(),
-            names::L_WORKER => f.pair.worker.clone(),
-            names::L_REGION => tags.region.clone(),
-            names::L_TENANT => tags.tenant_label.clone(),
-            names::L_ENDPOINT => f.endpoint,
-            names::L_STATUS => status_label(f.status),
-            names::L_CLASS => class,
-            names::L_OUTCOME => f.outcome.as_str()
-        )
-        .increment(1);
+        let pair = f.pair;
+        pair.requests.increment(
+            (
+                pool.clone(),
+                tags.region.clone(),
+                tags.tenant_label.clone(),
+                f.endpoint,
+                status_label(f.status),
+                class,
+                f.outcome.as_str(),
+            ),
+            1,
+            |(pool, region, tenant, endpoint, status, class, outcome)| {
+                counter!(
+                    names::REQUESTS_TOTAL,
+                    names::L_MODEL => pair.model.clone(),
+                    names::L_POOL => pool.clone(),
+                    names::L_WORKER => pair.worker.clone(),
+                    names::L_REGION => region.clone(),
+                    names::L_TENANT => tenant.clone(),
+                    names::L_ENDPOINT => *endpoint,
+                    names::L_STATUS => *status,
+                    names::L_CLASS => *class,
+                    names::L_OUTCOME => *outcome
+                )
+            },
+        );
         f.pair.e2e.record(m.e2e.as_secs_f64());
         if let Some(t) = m.ttft {
             f.pair.ttft.record(t.as_secs_f64());
@@ -435,16 +448,26 @@ impl Hub {
             ("output", toks.output),
         ] {
             if n > 0 {
-                counter!(
-                    names::TOKENS_TOTAL,
-                    names::L_MODEL => f.pair.model.clone(),
-                    names::L_POOL => pool.clone(),
-                    names::L_WORKER => f.pair.worker.clone(),
-                    names::L_REGION => tags.region.clone(),
-                    names::L_TENANT => tags.tenant_label.clone(),
-                    names::L_KIND => kind
-                )
-                .increment(n);
+                pair.tokens.increment(
+                    (
+                        pool.clone(),
+                        tags.region.clone(),
+                        tags.tenant_label.clone(),
+                        kind,
+                    ),
+                    n,
+                    |(pool, region, tenant, kind)| {
+                        counter!(
+                            names::TOKENS_TOTAL,
+                            names::L_MODEL => pair.model.clone(),
+                            names::L_POOL => pool.clone(),
+                            names::L_WORKER => pair.worker.clone(),
+                            names::L_REGION => region.clone(),
+                            names::L_TENANT => tenant.clone(),
+                            names::L_KIND => *kind
+                        )
+                    },
+                );
             }
         }
 

@@ -13,8 +13,11 @@ pub mod trace;
 pub use hub::{Finished, Hub, RequestTags};
 
 use crate::pool::Snapshot;
+use dashmap::DashMap;
+use foldhash::fast::RandomState;
 use metrics::{counter, gauge, histogram, Counter, Histogram, SharedString};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::hash::Hash;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -168,7 +171,24 @@ pub struct PairMetrics {
     pub itl: Histogram,
     pub e2e: Histogram,
     attempt_ok: Counter,
+    /// `switchyard_requests_total` by (pool, region, tenant, endpoint, status, class, outcome).
+    pub requests: CounterCache<RequestsKey>,
+    /// `switchyard_tokens_total` by (pool, region, tenant, kind).
+    pub tokens: CounterCache<TokensKey>,
 }
+
+/// Label values of `switchyard_requests_total` beyond the (model, worker) pair.
+pub type RequestsKey = (
+    SharedString,
+    SharedString,
+    SharedString,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
+/// Label values of `switchyard_tokens_total` beyond the (model, worker) pair.
+pub type TokensKey = (SharedString, SharedString, SharedString, &'static str);
 
 /// Endpoint labels, in `api::Endpoint` order.
 pub const ENDPOINTS: [&str; 5] = [
@@ -198,6 +218,8 @@ impl PairMetrics {
             e2e: histogram!(names::E2E_SECONDS, &labels),
             attempt_ok: counter!(names::UPSTREAM_ATTEMPTS_TOTAL,
                 names::L_WORKER => worker.clone(), names::L_RESULT => "ok"),
+            requests: CounterCache::default(),
+            tokens: CounterCache::default(),
             model,
             pool,
             worker,
@@ -226,11 +248,68 @@ pub fn record_request(tags: &RequestTags, f: Finished<'_>) {
     tags.hub.finish(tags, f);
 }
 
-/// Record the time a request spent in the gateway itself (not waiting on a
-/// worker, the pool queue or a retry backoff).
-pub fn record_overhead(pool: &SharedString, d: Duration) {
-    histogram!(names::GATEWAY_OVERHEAD_SECONDS, names::L_POOL => pool.clone())
-        .record(d.as_secs_f64());
+/// Counters resolved once per distinct label combination. The request path then
+/// hashes a small key of already-interned values instead of building a metrics
+/// `Key` (a label vector) and looking it up in the recorder's registry. Keys are
+/// made of bounded label values only, so the cache is bounded too.
+pub struct CounterCache<K>(FastMap<K, Counter>);
+
+/// A concurrent map with a fast non-cryptographic hasher, for keys made of
+/// bounded label values (never client-controlled strings).
+pub type FastMap<K, V> = DashMap<K, V, RandomState>;
+
+impl<K: Hash + Eq> Default for CounterCache<K> {
+    fn default() -> Self {
+        CounterCache(DashMap::with_hasher(RandomState::default()))
+    }
+}
+
+impl<K: Hash + Eq> CounterCache<K> {
+    /// Add `n` to the counter for `key`, registering it with `make` the first time.
+    pub fn increment(&self, key: K, n: u64, make: impl FnOnce(&K) -> Counter) {
+        if let Some(c) = self.0.get(&key) {
+            c.increment(n);
+            return;
+        }
+        let c = make(&key);
+        self.0.entry(key).or_insert(c).increment(n);
+    }
+}
+
+/// Per-pool metric handles, resolved when the pool's runtime is built.
+pub struct PoolMetrics {
+    pub name: SharedString,
+    overhead: Histogram,
+    decisions: CounterCache<(&'static str, &'static str)>,
+}
+
+impl PoolMetrics {
+    pub fn new(name: SharedString) -> PoolMetrics {
+        PoolMetrics {
+            overhead: histogram!(names::GATEWAY_OVERHEAD_SECONDS, names::L_POOL => name.clone()),
+            decisions: CounterCache::default(),
+            name,
+        }
+    }
+
+    /// Record the time a request spent in the gateway itself (not waiting on a
+    /// worker, the pool queue or a retry backoff).
+    pub fn record_overhead(&self, d: Duration) {
+        self.overhead.record(d.as_secs_f64());
+    }
+
+    /// Record a routing decision.
+    pub fn record_decision(&self, policy: &'static str, reason: &'static str) {
+        self.decisions
+            .increment((policy, reason), 1, |(policy, reason)| {
+                counter!(
+                    names::ROUTING_DECISIONS_TOTAL,
+                    names::L_POOL => self.name.clone(),
+                    names::L_POLICY => *policy,
+                    names::L_REASON => *reason
+                )
+            });
+    }
 }
 
 /// Record a request the gateway answered itself with an error.
@@ -250,17 +329,6 @@ pub fn record_fallback(from: &str, to: &str) {
         names::FALLBACKS_TOTAL,
         names::L_POOL => SharedString::from(from.to_string()),
         names::L_TARGET => SharedString::from(to.to_string())
-    )
-    .increment(1);
-}
-
-/// Record a routing decision.
-pub fn record_decision(pool: &SharedString, policy: &'static str, reason: &'static str) {
-    counter!(
-        names::ROUTING_DECISIONS_TOTAL,
-        names::L_POOL => pool.clone(),
-        names::L_POLICY => policy,
-        names::L_REASON => reason
     )
     .increment(1);
 }
