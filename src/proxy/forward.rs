@@ -9,7 +9,7 @@ use crate::api::{Endpoint, RequestInfo};
 use crate::config::HealthConfig;
 use crate::config::Timeouts;
 use crate::pool::admission::{Priority, QueueError};
-use crate::pool::{health, InFlightGuard, ModelRoute, Role, Worker};
+use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Role, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
@@ -50,6 +50,22 @@ impl ForwardContext<'_> {
 
     pub(crate) fn deadline(&self) -> Instant {
         self.start + self.timeouts.total
+    }
+
+    /// The request's size for load accounting, `cached` of its prompt tokens
+    /// expected in the chosen worker's prefix cache.
+    pub(crate) fn size(&self, cached: u64) -> RequestSize {
+        let bytes = self
+            .info
+            .routing_text
+            .as_ref()
+            .map_or(0, |t| t.len() as u64);
+        let tokens = bytes / u64::from(self.route.pool.config.routing.bytes_per_token.get());
+        RequestSize {
+            bytes,
+            tokens,
+            prefill_tokens: tokens.saturating_sub(cached),
+        }
     }
 }
 
@@ -118,8 +134,6 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         }
         None => &*route.policy,
     };
-    let prompt_tokens = ctx.info.routing_text.as_ref().map_or(0, |t| t.len() as u64)
-        / u64::from(pool.config.routing.bytes_per_token.get());
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
     pool.retry_budget.on_request();
@@ -207,10 +221,10 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                 false,
             );
         }
-        worker.state.stats.note_tokens(prompt_tokens);
+        let size = ctx.size(predicted.unwrap_or(0));
 
         // Phases: prepare and send.
-        match send(ctx, decision.index, ctx.body.clone(), deadline).await {
+        match send(ctx, decision.index, ctx.body.clone(), size, deadline).await {
             Ok((resp, guard)) => {
                 let status = resp.status();
                 if retryable_status(status)
@@ -263,10 +277,12 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
 /// Send `body` to `worker` with the client's (filtered) headers, bounded by the
 /// first-byte and total deadlines. Health and attempt metrics are accounted here;
 /// a response of any status is `Ok` (the caller decides whether to retry it).
+/// `size` is what the request adds to the worker's load until its first token.
 pub(crate) async fn send(
     ctx: &ForwardContext<'_>,
     idx: usize,
     body: Bytes,
+    size: RequestSize,
     deadline: Instant,
 ) -> Result<(Response<Incoming>, InFlightGuard), GatewayError> {
     let route = ctx.route;
@@ -275,7 +291,7 @@ pub(crate) async fn send(
     let metrics = &route.metrics[idx];
     let attempt_span = new_span_id();
     let upstream_req = prepare(ctx, worker, body, attempt_span)?;
-    let guard = worker.begin(route.pool.queue.as_ref());
+    let guard = worker.begin(route.pool.queue.as_ref(), size);
     let wait = ctx
         .timeouts
         .first_byte
