@@ -136,6 +136,10 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
     };
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
+    // Failed attempts as `worker=outcome`, logged when the request fails (only
+    // allocated on failures).
+    let mut trail: Vec<String> = Vec::new();
+    let mut stop = "no_candidate";
     pool.retry_budget.on_request();
     let eligible = |i: usize, tried: &[usize]| {
         let w = &route.workers[i];
@@ -227,11 +231,15 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         match send(ctx, decision.index, ctx.body.clone(), size, deadline).await {
             Ok((resp, guard)) => {
                 let status = resp.status();
-                if retryable_status(status)
-                    && may_retry(route, &tried, attempt, deadline, &pool_label)
-                {
-                    tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
-                    continue;
+                if retryable_status(status) {
+                    trail.push(format!("{}={}", worker.id, status.as_u16()));
+                    match may_retry(route, &tried, attempt, deadline, &pool_label) {
+                        Ok(()) => {
+                            tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
+                            continue;
+                        }
+                        Err(why) => log_failed(ctx, &trail, why),
+                    }
                 }
                 if let Some(usd) = est_cost {
                     telemetry::record_estimated_cost(&pool_label, usd);
@@ -263,15 +271,35 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                 return Ok(out);
             }
             Err(err) => {
+                trail.push(format!("{}={}", worker.id, err.reason()));
                 let retry = err.retryable();
                 last_err = Some(err);
-                if !retry || !may_retry(route, &tried, attempt, deadline, &pool_label) {
+                if !retry {
+                    stop = "not_retryable";
+                    break;
+                }
+                if let Err(why) = may_retry(route, &tried, attempt, deadline, &pool_label) {
+                    stop = why;
                     break;
                 }
             }
         }
     }
+    log_failed(ctx, &trail, stop);
     Err(last_err.unwrap_or_else(|| GatewayError::NoHealthyWorker(route.model.to_string())))
+}
+
+/// One line per request that failed (or is passed a worker's error) after its
+/// attempts: which workers answered what, and why no further attempt was made
+/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`).
+fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
+    tracing::warn!(
+        request_id = ?ctx.request_id,
+        model = %ctx.route.model,
+        attempts = %trail.join(","),
+        stop,
+        "request failed"
+    );
 }
 
 /// Send `body` to `worker` with the client's (filtered) headers, bounded by the
@@ -359,17 +387,21 @@ pub(crate) async fn send(
 }
 
 /// Another attempt is allowed: attempts left, time left, an untried worker able to
-/// take it, and the pool's retry budget has a retry to spend (checked last: it takes one).
+/// take it, and the pool's retry budget has a retry to spend (checked last: it takes
+/// one). Otherwise, why not.
 fn may_retry(
     route: &ModelRoute,
     tried: &[usize],
     attempt: u32,
     deadline: Instant,
     pool_label: &SharedString,
-) -> bool {
+) -> Result<(), &'static str> {
     let pool = &route.pool;
-    if attempt >= pool.config.max_attempts || Instant::now() >= deadline {
-        return false;
+    if attempt >= pool.config.max_attempts {
+        return Err("attempts");
+    }
+    if Instant::now() >= deadline {
+        return Err("deadline");
     }
     let skip_prefill = pool.config.disaggregation.is_some();
     let candidate = (0..route.workers.len()).any(|i| {
@@ -377,14 +409,14 @@ fn may_retry(
             || last_resort(route, i, tried, skip_prefill)
     });
     if !candidate {
-        return false;
+        return Err("no_candidate");
     }
     if pool.retry_budget.try_retry() {
-        true
+        Ok(())
     } else {
         counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
             .increment(1);
-        false
+        Err("budget")
     }
 }
 
