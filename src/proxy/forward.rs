@@ -140,6 +140,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
     // allocated on failures).
     let mut trail: Vec<String> = Vec::new();
     let mut stop = "no_candidate";
+    let mut blame = Blame::new(route, ctx.health);
     pool.retry_budget.on_request();
     let eligible = |i: usize, tried: &[usize]| {
         let w = &route.workers[i];
@@ -228,7 +229,10 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         let size = ctx.size(predicted.unwrap_or(0));
 
         // Phases: prepare and send.
-        match send(ctx, decision.index, ctx.body.clone(), size, deadline).await {
+        let (result, failure) =
+            send_attempt(ctx, decision.index, ctx.body.clone(), size, deadline).await;
+        blame.record(decision.index, failure);
+        match result {
             Ok((resp, guard)) => {
                 let status = resp.status();
                 if retryable_status(status) {
@@ -303,8 +307,8 @@ fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
 }
 
 /// Send `body` to `worker` with the client's (filtered) headers, bounded by the
-/// first-byte and total deadlines. Health and attempt metrics are accounted here;
-/// a response of any status is `Ok` (the caller decides whether to retry it).
+/// first-byte and total deadlines, charging a failure to the worker's health at
+/// once; a response of any status is `Ok` (the caller decides whether to retry it).
 /// `size` is what the request adds to the worker's load until its first token.
 pub(crate) async fn send(
     ctx: &ForwardContext<'_>,
@@ -313,12 +317,134 @@ pub(crate) async fn send(
     size: RequestSize,
     deadline: Instant,
 ) -> Result<(Response<Incoming>, InFlightGuard), GatewayError> {
+    let (result, failure) = send_attempt(ctx, idx, body, size, deadline).await;
+    if let Some(f) = failure {
+        charge(ctx.route, ctx.health, idx, f);
+    }
+    result
+}
+
+/// A failed attempt as worker health sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// 429: overloaded (a cooldown, not a failure).
+    Overloaded,
+    /// A 5xx answer.
+    Status(u16),
+    /// No connection: never the request's doing.
+    Connect,
+    /// Reset or closed before the answer.
+    Broken,
+    /// No answer within the first-byte timeout.
+    Timeout,
+}
+
+impl Failure {
+    /// Could the request itself cause this on any worker (a query of death, a
+    /// per-key limit upstream, a fault the client asked for)?
+    fn may_be_the_requests(self) -> bool {
+        self != Failure::Connect
+    }
+}
+
+/// Count a failure against the worker: a 429 cooldown, or a failure towards
+/// passive ejection.
+fn charge(route: &ModelRoute, cfg: &HealthConfig, idx: usize, f: Failure) {
+    let w = &route.workers[idx];
+    if f == Failure::Overloaded {
+        health::on_overloaded(w, &route.workers, cfg);
+    } else {
+        w.state.failures.fetch_add(1, Ordering::Relaxed);
+        health::on_failure(w, &route.workers, cfg);
+    }
+}
+
+/// Who is to blame for a request's failed attempts. A failure is charged to its
+/// worker only once the next attempt shows it was the worker's: the retry
+/// succeeded or failed differently, or there is no retry. When the same failure
+/// (same status, or both reset, or both timed out) repeats on a second worker,
+/// the request is the common factor — a query of death, a per-key limit
+/// upstream, a fault the client asked for — and neither worker, nor any later
+/// one failing the same way, is charged. Otherwise one such request would eject
+/// or cool down healthy workers one after the other and shrink the pool for
+/// everybody else. Settles what is left when dropped.
+struct Blame<'a> {
+    route: &'a ModelRoute,
+    cfg: &'a HealthConfig,
+    /// The last failure, not charged yet.
+    pending: Option<(usize, Failure)>,
+    /// The failure found to be the request's own.
+    own: Option<Failure>,
+}
+
+impl<'a> Blame<'a> {
+    fn new(route: &'a ModelRoute, cfg: &'a HealthConfig) -> Self {
+        Blame {
+            route,
+            cfg,
+            pending: None,
+            own: None,
+        }
+    }
+
+    /// Attempt on worker `idx` ended with `failure` (`None`: it succeeded).
+    fn record(&mut self, idx: usize, failure: Option<Failure>) {
+        let Some(f) = failure else {
+            self.settle();
+            return;
+        };
+        if self.own == Some(f) {
+            return;
+        }
+        match self.pending.take() {
+            Some((j, p)) if p == f && j != idx && f.may_be_the_requests() => {
+                self.own = Some(f);
+                counter!(names::REQUEST_CAUSED_FAILURES_TOTAL,
+                    names::L_POOL => SharedString::from(self.route.pool.name.clone()))
+                .increment(1);
+            }
+            previous => {
+                if let Some((j, p)) = previous {
+                    charge(self.route, self.cfg, j, p);
+                }
+                self.pending = Some((idx, f));
+            }
+        }
+    }
+
+    fn settle(&mut self) {
+        if let Some((j, p)) = self.pending.take() {
+            charge(self.route, self.cfg, j, p);
+        }
+    }
+}
+
+impl Drop for Blame<'_> {
+    fn drop(&mut self) {
+        self.settle();
+    }
+}
+
+/// One attempt: send, wait for the response head. Attempt metrics and a success
+/// are accounted here; a failure is returned for the caller to charge (or not).
+pub(crate) async fn send_attempt(
+    ctx: &ForwardContext<'_>,
+    idx: usize,
+    body: Bytes,
+    size: RequestSize,
+    deadline: Instant,
+) -> (
+    Result<(Response<Incoming>, InFlightGuard), GatewayError>,
+    Option<Failure>,
+) {
     let route = ctx.route;
-    let health = ctx.health;
     let worker = &route.workers[idx];
     let metrics = &route.metrics[idx];
     let attempt_span = new_span_id();
-    let upstream_req = prepare(ctx, worker, body, attempt_span)?;
+    let upstream_req = match prepare(ctx, worker, body, attempt_span) {
+        Ok(r) => r,
+        Err(e) => return (Err(e), None),
+    };
     let guard = worker.begin(route.pool.queue.as_ref(), size);
     let wait = ctx
         .timeouts
@@ -352,38 +478,45 @@ pub(crate) async fn send(
             error,
         );
     }
-    let err = match result {
-        Err(_) => GatewayError::UpstreamTimeout {
-            worker: worker.id.clone(),
-            after: wait,
-        },
-        Ok(Err(e)) if e.is_connect() => GatewayError::UpstreamConnect {
-            worker: worker.id.clone(),
-            detail: error_chain(&e),
-        },
-        Ok(Err(e)) => GatewayError::UpstreamFailed {
-            worker: worker.id.clone(),
-            detail: error_chain(&e),
-        },
+    let (err, failure) = match result {
+        Err(_) => (
+            GatewayError::UpstreamTimeout {
+                worker: worker.id.clone(),
+                after: wait,
+            },
+            Failure::Timeout,
+        ),
+        Ok(Err(e)) if e.is_connect() => (
+            GatewayError::UpstreamConnect {
+                worker: worker.id.clone(),
+                detail: error_chain(&e),
+            },
+            Failure::Connect,
+        ),
+        Ok(Err(e)) => (
+            GatewayError::UpstreamFailed {
+                worker: worker.id.clone(),
+                detail: error_chain(&e),
+            },
+            Failure::Broken,
+        ),
         Ok(Ok(resp)) => {
             let status = resp.status();
             metrics.record_attempt(attempt_result(status.as_u16()));
-            if status.as_u16() == 429 {
-                health::on_overloaded(worker, &route.workers, health);
+            let failure = if status.as_u16() == 429 {
+                Some(Failure::Overloaded)
             } else if status.is_server_error() {
-                worker.state.failures.fetch_add(1, Ordering::Relaxed);
-                health::on_failure(worker, &route.workers, health);
+                Some(Failure::Status(status.as_u16()))
             } else {
                 health::on_success(&worker.state);
-            }
-            return Ok((resp, guard));
+                None
+            };
+            return (Ok((resp, guard)), failure);
         }
     };
-    worker.state.failures.fetch_add(1, Ordering::Relaxed);
-    health::on_failure(worker, &route.workers, health);
     metrics.record_attempt(err.reason());
     tracing::warn!(worker = %worker.id, error = %err, "upstream attempt failed");
-    Err(err)
+    (Err(err), Some(failure))
 }
 
 /// Another attempt is allowed: attempts left, time left, an untried worker able to
