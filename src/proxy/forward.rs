@@ -178,12 +178,20 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     }
                     // Last resort for a retry: a worker already tried (not the one that
                     // just failed) or cooling down after a 429 — better than failing a
-                    // request that another attempt could still save.
+                    // request that another attempt could still save. Preferably one
+                    // that answered this request (a 5xx may not repeat) over one whose
+                    // connection broke or hung.
                     _ => match (attempt > 0)
                         .then(|| {
-                            policy.pick(&rreq, &route.workers, &|i| {
-                                last_resort(route, i, &tried, skip_prefill)
-                            })
+                            policy
+                                .pick(&rreq, &route.workers, &|i| {
+                                    last_resort(route, i, &tried, skip_prefill) && !blame.broke(i)
+                                })
+                                .or_else(|| {
+                                    policy.pick(&rreq, &route.workers, &|i| {
+                                        last_resort(route, i, &tried, skip_prefill)
+                                    })
+                                })
                         })
                         .flatten()
                     {
@@ -359,22 +367,21 @@ fn charge(route: &ModelRoute, cfg: &HealthConfig, idx: usize, f: Failure) {
     }
 }
 
-/// Who is to blame for a request's failed attempts. A failure is charged to its
-/// worker only once the next attempt shows it was the worker's: the retry
-/// succeeded or failed differently, or there is no retry. When the same failure
-/// (same status, or both reset, or both timed out) repeats on a second worker,
-/// the request is the common factor — a query of death, a per-key limit
-/// upstream, a fault the client asked for — and neither worker, nor any later
-/// one failing the same way, is charged. Otherwise one such request would eject
-/// or cool down healthy workers one after the other and shrink the pool for
-/// everybody else. Settles what is left when dropped.
+/// Who is to blame for a request's failed attempts, settled when the request is
+/// done (dropped). If the request succeeded in the end, every failure was its
+/// worker's and is charged. If it failed, a failure seen on two or more workers
+/// (the same status, resets, timeouts, 429s) is taken as the request's own — a
+/// query of death, a per-key limit upstream, a fault the client asked for — and
+/// charged to none of them; the others are charged. Otherwise one such request
+/// retried over the pool ejects or cools down healthy workers one after the
+/// other and shrinks the pool for everybody else. Refused connections are always
+/// charged. The charge comes a few attempts late at most.
 struct Blame<'a> {
     route: &'a ModelRoute,
     cfg: &'a HealthConfig,
-    /// The last failure, not charged yet.
-    pending: Option<(usize, Failure)>,
-    /// The failure found to be the request's own.
-    own: Option<Failure>,
+    /// This request's failed attempts (allocated only on failures).
+    failures: Vec<(usize, Failure)>,
+    succeeded: bool,
 }
 
 impl<'a> Blame<'a> {
@@ -382,46 +389,43 @@ impl<'a> Blame<'a> {
         Blame {
             route,
             cfg,
-            pending: None,
-            own: None,
+            failures: Vec::new(),
+            succeeded: false,
         }
     }
 
     /// Attempt on worker `idx` ended with `failure` (`None`: it succeeded).
     fn record(&mut self, idx: usize, failure: Option<Failure>) {
-        let Some(f) = failure else {
-            self.settle();
-            return;
-        };
-        if self.own == Some(f) {
-            return;
-        }
-        match self.pending.take() {
-            Some((j, p)) if p == f && j != idx && f.may_be_the_requests() => {
-                self.own = Some(f);
-                counter!(names::REQUEST_CAUSED_FAILURES_TOTAL,
-                    names::L_POOL => SharedString::from(self.route.pool.name.clone()))
-                .increment(1);
-            }
-            previous => {
-                if let Some((j, p)) = previous {
-                    charge(self.route, self.cfg, j, p);
-                }
-                self.pending = Some((idx, f));
-            }
+        match failure {
+            Some(f) => self.failures.push((idx, f)),
+            None => self.succeeded = true,
         }
     }
 
-    fn settle(&mut self) {
-        if let Some((j, p)) = self.pending.take() {
-            charge(self.route, self.cfg, j, p);
-        }
+    /// Worker `idx`'s connection broke or hung on this request.
+    fn broke(&self, idx: usize) -> bool {
+        self.failures.iter().any(|&(i, f)| {
+            i == idx && matches!(f, Failure::Broken | Failure::Timeout | Failure::Connect)
+        })
     }
 }
 
 impl Drop for Blame<'_> {
     fn drop(&mut self) {
-        self.settle();
+        let mut own = false;
+        for &(i, f) in &self.failures {
+            let repeated = self.failures.iter().any(|&(j, g)| g == f && j != i);
+            if !self.succeeded && repeated && f.may_be_the_requests() {
+                own = true;
+            } else {
+                charge(self.route, self.cfg, i, f);
+            }
+        }
+        if own {
+            counter!(names::REQUEST_CAUSED_FAILURES_TOTAL,
+                names::L_POOL => SharedString::from(self.route.pool.name.clone()))
+            .increment(1);
+        }
     }
 }
 
