@@ -36,6 +36,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -150,7 +151,7 @@ class Chaos(threading.Thread):
 FORCED = ["500", "429", "reset", "hang"]
 
 
-def one_request(port, model, stream, forced, max_tokens, timeout_s):
+def one_request(port, model, stream, forced, max_tokens, timeout_s, request_id):
     """Returns (class, latency_s, detail)."""
     body = {
         "model": model,
@@ -158,7 +159,7 @@ def one_request(port, model, stream, forced, max_tokens, timeout_s):
         "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": f"soak {random.random()}"}],
     }
-    headers = {"content-type": "application/json"}
+    headers = {"content-type": "application/json", "x-request-id": request_id}
     if forced:
         headers["x-sim-fault"] = forced
     t0 = time.perf_counter()
@@ -220,15 +221,16 @@ def run_round(name, args, gw_port, model, rng):
         forced = None
         if rng.random() < args.forced_fraction:
             forced = rng.choice(args.forced_kinds.split(",") + (["die-after:%d" % rng.randint(1, 4)] if stream else []))
-        plan.append((stream, forced, rng.randint(8, 48)))
+        plan.append((stream, forced, rng.randint(8, 48), f"soak-{name}-{i}"))
     deadline = time.time() + args.round_timeout_s
 
     def go(item):
-        stream, forced, mt = item
+        stream, forced, mt, rid = item
         if time.time() > deadline:
-            return (stream, forced, "not_sent", 0.0, "round deadline", 0)
+            return (stream, forced, "not_sent", 0.0, "round deadline", 0, rid)
         t = round(time.time(), 2)
-        return (stream, forced) + one_request(gw_port, model, stream, forced, mt, args.client_timeout_s) + (t,)
+        return ((stream, forced) + one_request(gw_port, model, stream, forced, mt, args.client_timeout_s, rid)
+                + (t, rid))
 
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=args.concurrency) as ex:
@@ -236,17 +238,17 @@ def run_round(name, args, gw_port, model, rng):
     wall = time.time() - t0
     counts = {k: 0 for k in ["succeeded", "eligible_failed", "cut_with_error", "silent_truncated", "not_sent"]}
     forced_n, forced_unexpected, lat, failures = 0, [], [], []
-    for stream, forced, cls, dt, detail, t in results:
+    for stream, forced, cls, dt, detail, t, rid in results:
         if forced:
             forced_n += 1
             if not expected_forced(forced, stream, cls, detail):
-                forced_unexpected.append((t, forced, stream, cls, detail))
+                forced_unexpected.append((t, forced, stream, cls, detail, rid))
             continue
         counts[cls] += 1
         if cls == "succeeded":
             lat.append(dt)
         elif cls in ("eligible_failed", "silent_truncated"):
-            failures.append((t, stream, cls, detail))
+            failures.append((t, stream, cls, detail, rid))
     sent = args.requests - counts["not_sent"]
     return {
         "round": name,
@@ -263,6 +265,45 @@ def run_round(name, args, gw_port, model, rng):
     }
 
 
+FAILED_LINE = re.compile(r'request failed.*?request_id="?([^" ]+)"?.*?attempts=("[^"]*"|\S*).*?stop="?(\w+)')
+
+
+def gateway_failures(log_path):
+    """request id -> (attempts trail, stop reason) from the gateway's `request failed` lines."""
+    out = {}
+    try:
+        with open(log_path, errors="replace") as f:
+            for line in f:
+                m = FAILED_LINE.search(ANSI.sub("", line))
+                if m:
+                    out[m.group(1)] = (m.group(2).strip('"'), m.group(3))
+    except OSError:
+        pass
+    return out
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def explain(rounds, log_path):
+    """Attach the gateway's view to every failure and print them grouped."""
+    seen = gateway_failures(log_path)
+    for r in rounds:
+        groups = {}
+        for i, (t, stream, cls, detail, rid) in enumerate(r["failure_details"]):
+            trail, stop = seen.get(rid, ("?", "?"))
+            r["failure_details"][i] = {"t": t, "stream": stream, "class": cls, "detail": detail,
+                                       "request_id": rid, "attempts": trail, "stop": stop}
+            outcomes = ",".join(a.rsplit("=", 1)[-1] for a in trail.split(",")) if trail not in ("", "?") else trail
+            key = (cls, detail[:60], stop, outcomes)
+            groups[key] = groups.get(key, 0) + 1
+        if groups:
+            print(f"{r['round']}: {r['eligible_failed']} eligible-failed, {r['silent_truncated']} silently truncated:",
+                  flush=True)
+            for (cls, detail, stop, outcomes), n in sorted(groups.items(), key=lambda kv: -kv[1]):
+                print(f"  {n:4d} x {cls}: {detail!r}; gateway: attempts {outcomes}, stopped: {stop}", flush=True)
+
+
 def metric(text, name):
     total = 0.0
     for line in text.splitlines():
@@ -276,7 +317,9 @@ def main():
     ap.add_argument("--bin", default="target/release/switchyard")
     ap.add_argument("--out", default="bench-out")
     ap.add_argument("--requests", type=int, default=3000, help="per round")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="measured rounds (after the warm-up)")
+    ap.add_argument("--warmup-rounds", type=int, default=1,
+                    help="rounds run first, reported, but not counted for RSS growth")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--stream-fraction", type=float, default=0.5)
     ap.add_argument("--forced-fraction", type=float, default=0.05)
@@ -353,12 +396,14 @@ workers = [{workers}]
                     "spike_rate": args.spike_rate, "spike_ms": args.spike_ms}
         rss = {"start": rss_kib(gw.pid)}
         rounds = []
-        for i in range(args.rounds):
+        total = args.warmup_rounds + args.rounds
+        for i in range(total):
             chaos = None
             if not args.no_chaos:
                 chaos = Chaos(sim_ports, baseline, args.chaos_every_s, random.Random(args.seed + 100 + i))
                 chaos.start()
-            res = run_round(f"round{i + 1}", args, gw_port, model, rng)
+            name = f"warmup{i + 1}" if i < args.warmup_rounds else f"round{i + 1 - args.warmup_rounds}"
+            res = run_round(name, args, gw_port, model, rng)
             if chaos:
                 chaos.stop.set()
                 chaos.join()
@@ -367,10 +412,21 @@ workers = [{workers}]
             for p in sim_ports:
                 http_json("POST", p, "/sim/faults", baseline)
             time.sleep(1.0)  # let in-flight cleanup finish before sampling memory
-            rss[f"after_round{i + 1}"] = rss_kib(gw.pid)
-            res["rss_kib_after"] = rss[f"after_round{i + 1}"]
+            rss[f"after_{name}"] = rss_kib(gw.pid)
+            res["rss_kib_after"] = rss[f"after_{name}"]
             rounds.append(res)
             print(json.dumps({k: v for k, v in res.items() if not k.endswith(("details", "log"))}), flush=True)
+        gw_log = f"{logs}/gateway.log"
+        explain(rounds, gw_log)
+        measured = [r for r in rounds if r["round"].startswith("round")]
+        if measured:
+            base_rss = rounds[args.warmup_rounds - 1]["rss_kib_after"] if args.warmup_rounds else rss["start"]
+            growth = [r["rss_kib_after"] - base_rss for r in measured]
+            rss["after_warmup"] = base_rss
+            rss["growth_kib_per_round"] = round((measured[-1]["rss_kib_after"] - base_rss) / len(measured), 1)
+            print(f"RSS (KiB): start {rss['start']}, after warm-up {base_rss}, after each measured round "
+                  f"{[r['rss_kib_after'] for r in measured]} (growth {growth}; "
+                  f"{rss['growth_kib_per_round']} KiB per round)", flush=True)
         text = http_json("GET", gw_port, "/metrics")[1].decode()
         gm = {n: metric(text, n) for n in [
             "switchyard_retries_total", "switchyard_retry_budget_exhausted_total",
@@ -382,7 +438,7 @@ workers = [{workers}]
         with open(os.path.join(args.out, "chaos_soak.json"), "w") as f:
             json.dump(report, f, indent=2)
         print(json.dumps({"rss_kib": rss, "gateway_metrics": gm}), flush=True)
-        bad = sum(r["eligible_failed"] + r["silent_truncated"] for r in rounds)
+        bad = sum(r["eligible_failed"] + r["silent_truncated"] for r in measured)
         return 1 if bad else 0
     finally:
         cleanup()

@@ -104,12 +104,15 @@ struct Samples {
     ttft_ms: Vec<f64>,
     completed: u64,
     errors: u64,
+    /// (send time in s since the run started, worker, reason) from the debug header.
+    routes: Vec<(f64, String, String)>,
 }
 
 struct Ctx {
     client: reqwest::Client,
     gw: String,
     samples: Mutex<Samples>,
+    t0: Instant,
 }
 
 /// One streamed chat request; returns the answer text.
@@ -135,6 +138,24 @@ async fn send(ctx: &Ctx, messages: &serde_json::Value, session: Option<&str>) ->
     };
     if !resp.status().is_success() {
         return fail();
+    }
+    if let Some(route) = resp
+        .headers()
+        .get("x-switchyard-route")
+        .and_then(|v| v.to_str().ok())
+    {
+        let mut parts = route.split("; ");
+        let worker = parts.next().unwrap_or_default().to_string();
+        let reason = parts
+            .find_map(|p| p.strip_prefix("reason="))
+            .unwrap_or_default()
+            .to_string();
+        let at = (start - ctx.t0).as_secs_f64();
+        ctx.samples
+            .lock()
+            .unwrap()
+            .routes
+            .push((at, worker, reason));
     }
     let mut stream = resp.bytes_stream();
     let mut buf = Vec::new();
@@ -263,6 +284,54 @@ async fn engine_counts(sims: &[SimHandle], client: &reqwest::Client) -> (f64, f6
     (h, q)
 }
 
+#[derive(Default)]
+struct LoadDiag {
+    samples: u64,
+    stale: u64,
+    est_sum: f64,
+    in_flight_sum: f64,
+    over_sum: f64,
+}
+
+/// `RQ_DIAG=1`: how routing saw the workers during the run (stderr).
+fn print_diag(
+    workload: &str,
+    policy: &str,
+    routes: &mut [(f64, String, String)],
+    d: &LoadDiag,
+    poll_errors: u64,
+) {
+    routes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut reasons = std::collections::BTreeMap::<&str, u64>::new();
+    for r in routes.iter() {
+        *reasons.entry(r.2.as_str()).or_default() += 1;
+    }
+    let same = routes.windows(2).filter(|w| w[0].1 == w[1].1).count();
+    // Largest share of one worker among 8 consecutive arrivals, averaged.
+    let mut max_share = 0.0f64;
+    let mut windows = 0.0f64;
+    for w in routes.windows(8) {
+        let mut counts = std::collections::HashMap::<&str, u32>::new();
+        for r in w {
+            *counts.entry(r.1.as_str()).or_default() += 1;
+        }
+        max_share += *counts.values().max().unwrap_or(&0) as f64 / 8.0;
+        windows += 1.0;
+    }
+    let n = d.samples.max(1) as f64;
+    eprintln!(
+        "  diag {workload}/{policy}: reasons {reasons:?}; same worker as previous arrival {:.1} %; \
+         busiest worker's share of 8 consecutive arrivals {:.2}; stale samples {:.1} %; \
+         poll errors {poll_errors}; mean est queue {:.2}, mean in-flight {:.2}, mean est - in-flight {:.2}",
+        100.0 * same as f64 / (routes.len().max(2) - 1) as f64,
+        max_share / windows.max(1.0),
+        100.0 * d.stale as f64 / n,
+        d.est_sum / n,
+        d.in_flight_sum / n,
+        d.over_sum / n,
+    );
+}
+
 fn pct(v: &mut [f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -291,7 +360,7 @@ async fn run_one(a: &Args, workload: &str, policy: &str) -> Row {
         .map(|s| format!("{{ url = \"{}\" }}", s.url()))
         .collect();
     let toml = format!(
-        "[server]\nlisten = \"127.0.0.1:0\"\n[[pools]]\nname = \"bench\"\nmodels = [\"{MODEL}\"]\npolicy = \"{policy}\"\nworkers = [{}]\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\ndebug_headers = true\n[[pools]]\nname = \"bench\"\nmodels = [\"{MODEL}\"]\npolicy = \"{policy}\"\nworkers = [{}]\n",
         workers.join(", ")
     );
     let cfg = switchyard::config::parse(&toml)
@@ -323,7 +392,36 @@ async fn run_one(a: &Args, workload: &str, policy: &str) -> Row {
         client: client.clone(),
         gw: gw.url(),
         samples: Mutex::new(Samples::default()),
+        t0: Instant::now(),
     });
+    // Sample what routing sees: per worker, the estimated queue, this gateway's
+    // in-flight count and whether the stats are stale.
+    let stale_ms = snap.pools[0].config.routing.stale_after.as_millis() as u64;
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let snap = snap.clone();
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let mut d = LoadDiag::default();
+            while sampling.load(Ordering::Relaxed) {
+                let now = now_ms();
+                for w in snap.workers() {
+                    let l = w.state.stats.load(w.in_flight(), now, stale_ms);
+                    d.samples += 1;
+                    d.stale += (l.freshness == switchyard::pool::stats::Freshness::Stale) as u64;
+                    d.est_sum += l.queue;
+                    d.in_flight_sum += w.in_flight() as f64;
+                    d.over_sum += l.queue - w.in_flight() as f64;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            d
+        })
+    };
+    let poll_errors0: u64 = snap
+        .workers()
+        .map(|w| w.state.stats.poll_errors.load(Ordering::Relaxed))
+        .sum();
     let before = engine_counts(&sims, &client).await;
     let req0: Vec<u64> = snap
         .workers()
@@ -332,6 +430,13 @@ async fn run_one(a: &Args, workload: &str, policy: &str) -> Row {
     let t0 = Instant::now();
     drive(ctx.clone(), workload, a.secs, base_rate(workload) * a.load).await;
     let elapsed = t0.elapsed().as_secs_f64();
+    sampling.store(false, Ordering::Relaxed);
+    let diag = sampler.await.unwrap_or_default();
+    let poll_errors = snap
+        .workers()
+        .map(|w| w.state.stats.poll_errors.load(Ordering::Relaxed))
+        .sum::<u64>()
+        - poll_errors0;
     let after = engine_counts(&sims, &client).await;
     let per: Vec<f64> = snap
         .workers()
@@ -341,6 +446,9 @@ async fn run_one(a: &Args, workload: &str, policy: &str) -> Row {
     let mean = per.iter().sum::<f64>() / per.len() as f64;
     let max = per.iter().copied().fold(0.0, f64::max);
     let mut s = std::mem::take(&mut *ctx.samples.lock().unwrap());
+    if std::env::var_os("RQ_DIAG").is_some() {
+        print_diag(workload, policy, &mut s.routes, &diag, poll_errors);
+    }
     let row = Row {
         workload: workload.into(),
         policy: policy.into(),

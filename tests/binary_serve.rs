@@ -49,11 +49,15 @@ async fn serve_on_several_threads_answers_every_connection_and_drains_on_sigterm
     })
     .await
     .expect("ready line");
-    let serving = thread_names(pid)
-        .into_iter()
-        .filter(|n| n.starts_with("switchyard-serv"))
-        .count();
-    assert_eq!(serving, 3, "one serving thread per --threads");
+    // A thread names itself as it starts: wait until all three have.
+    eventually(Duration::from_secs(10), "three serving threads", || {
+        let n = thread_names(pid)
+            .into_iter()
+            .filter(|n| n.starts_with("switchyard-serv"))
+            .count();
+        async move { (n == 3).then_some(()) }
+    })
+    .await;
     eventually(Duration::from_secs(10), "models discovered", || {
         let url = url.clone();
         async move {

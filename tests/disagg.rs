@@ -160,7 +160,7 @@ async fn failed_legs_are_retried_with_a_fresh_pair() {
     // Keep the live decode worker busier, so the dead one is chosen first.
     let snap = gw.gateway.registry.snapshot();
     let live = snap.workers().find(|w| *w.id == decode.url()).unwrap();
-    let busy = live.begin(None);
+    let busy = live.begin(None, Default::default());
     for _ in 0..4 {
         let r = client()
             .post(format!("{}/v1/chat/completions", gw.url()))

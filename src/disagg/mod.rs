@@ -14,7 +14,7 @@
 //! it is measured from the request's arrival.
 
 use crate::config::{DisaggConfig, DisaggMode};
-use crate::pool::{Role, Worker};
+use crate::pool::{RequestSize, Role, Worker};
 use crate::proxy::forward::{
     forward_aggregated, respond, retryable_status, send, ForwardContext, ROUTE_HEADER,
 };
@@ -234,7 +234,7 @@ async fn vllm(
         pre.insert("max_completion_tokens".into(), json!(1));
     }
     let t0 = Instant::now();
-    let (resp, guard) = send(ctx, p, to_bytes(&pre), deadline)
+    let (resp, guard) = send(ctx, p, to_bytes(&pre), ctx.size(0), deadline)
         .await
         .map_err(leg(Leg::Prefill))?;
     let status = resp.status();
@@ -301,7 +301,12 @@ async fn decode_leg(
     let ws = &ctx.route.workers;
     let deadline = ctx.deadline();
     let t1 = Instant::now();
-    let (resp, guard) = send(ctx, d, body, deadline)
+    // The KV arrives from the prefill worker: no prefill work here.
+    let size = RequestSize {
+        prefill_tokens: 0,
+        ..ctx.size(0)
+    };
+    let (resp, guard) = send(ctx, d, body, size, deadline)
         .await
         .map_err(leg(Leg::Decode))?;
     if retryable_status(resp.status()) {
@@ -345,7 +350,7 @@ async fn sglang(
     let bytes = to_bytes(&b);
     let t0 = Instant::now();
     let (pre, dec) = tokio::join!(
-        send(ctx, p, bytes.clone(), deadline),
+        send(ctx, p, bytes.clone(), ctx.size(0), deadline),
         decode_leg(ctx, bytes, p, d)
     );
     let (pre_resp, pre_guard) = pre.map_err(leg(Leg::Prefill))?;

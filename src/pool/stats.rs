@@ -2,10 +2,19 @@
 //! SGLang names), atomics on each worker that hold the last scrape, the gateway's own
 //! corrections between scrapes, and the poller tasks that keep them fresh.
 //!
-//! The load a policy sees is [`WorkerStats::load`]: `waiting + running` from the
-//! last scrape, plus the requests this gateway started on the worker since that
-//! scrape, minus those that finished — never less than this gateway's own in-flight
-//! count. Stats older than `stale_after` make the worker count as fully loaded.
+//! The load a policy sees is [`WorkerStats::load`]:
+//! * `queue`: `waiting + running` from the last scrape, plus the requests this
+//!   gateway started on the worker since that scrape was *sent*, minus those that
+//!   finished since — never less than this gateway's own in-flight count;
+//! * `pending_tokens`: the prefill work queued ahead of a new request — the
+//!   estimated uncached prompt tokens of this gateway's requests on the worker that
+//!   have not produced a first token yet, plus other clients' waiting requests
+//!   (the scraped `waiting` beyond this gateway's own) at this gateway's mean
+//!   prompt size. A request that is decoding costs the next one little; one that
+//!   waits for its prefill delays it by that whole prefill.
+//!
+//! Stats older than `stale_after` make the worker count as fully loaded (the
+//! routing pipeline scores it like the busiest fresh worker).
 
 use super::{Registry, Worker};
 use crate::proxy::UpstreamClient;
@@ -13,7 +22,7 @@ use crate::telemetry;
 use http_body_util::{BodyExt, Limited};
 use rand::Rng;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -43,6 +52,8 @@ pub struct Scraped {
     pub block_size: Option<u64>,
     pub prefix_hits: Option<f64>,
     pub prefix_queries: Option<f64>,
+    /// Cumulative prompt tokens the engine received (`vllm:prompt_tokens_total`).
+    pub prompt_tokens: Option<f64>,
 }
 
 impl Scraped {
@@ -106,6 +117,9 @@ pub fn parse_metrics(text: &str) -> Scraped {
             "vllm:prefix_cache_queries_total" | "vllm:gpu_prefix_cache_queries_total" => {
                 add(&mut s.prefix_queries, value)
             }
+            "vllm:prompt_tokens_total" | "sglang:prompt_tokens_total" => {
+                add(&mut s.prompt_tokens, value)
+            }
             "vllm:cache_config_info" => {
                 if let Some(b) = label(labels, "num_gpu_blocks").and_then(|v| v.parse().ok()) {
                     s.num_gpu_blocks = Some(b);
@@ -168,6 +182,12 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 
 /// Fixed-point scale of `kv_usage` (parts per million).
 const PPM: f64 = 1_000_000.0;
+/// Fixed-point scale of the measured bytes per token.
+const MILLI: f64 = 1_000.0;
+/// Prompt tokens measured before the bytes per token are trusted.
+const CALIBRATE_MIN_TOKENS: u64 = 2_048;
+/// The measurement's memory: past this many tokens, both sums are halved.
+const CALIBRATE_HALF_AT: u64 = 1 << 22;
 
 /// A worker's live stats: atomics written by the poller and the request path,
 /// read by policies without locks.
@@ -186,15 +206,46 @@ pub struct WorkerStats {
     pub prefix_queries: AtomicU64,
     /// [`now_ms`] of the last successful scrape; 0 = never.
     pub last_poll_ms: AtomicU64,
-    /// Requests started minus requests finished since the last scrape.
-    pub delta_since_poll: AtomicI64,
-    /// Estimated prompt tokens sent since the last scrape.
-    pub tokens_since_poll: AtomicU64,
     pub poll_errors: AtomicU64,
     /// Requests/s this gateway sent to the worker, EWMA over [`RATE_TAU`], × 1000.
     pub rate_milli: AtomicU64,
     rate_seen_requests: AtomicU64,
     rate_seen_ms: AtomicU64,
+    /// Requests this gateway started / finished on the worker, ever.
+    started: AtomicU64,
+    finished: AtomicU64,
+    /// `started` / `finished` / `pending_requests` when the stored scrape was sent.
+    base_started: AtomicU64,
+    base_finished: AtomicU64,
+    base_pending: AtomicU64,
+    /// Estimated uncached prompt tokens of this gateway's requests on the worker
+    /// that have not produced a first token yet, and how many such requests.
+    pending_tokens: AtomicU64,
+    pending_requests: AtomicU64,
+    /// Mean prompt tokens of the requests this gateway sends to the worker (EWMA).
+    mean_prompt_tokens: AtomicU64,
+    /// Routing-text bytes of this gateway's requests that reached their first
+    /// token on the worker, ever (the engine has counted their prompt tokens by
+    /// then); and the value and the engine's prompt-token counter at the last
+    /// calibration.
+    sent_bytes: AtomicU64,
+    calib_bytes: AtomicU64,
+    calib_tokens: AtomicU64,
+    /// Bytes and engine prompt tokens accumulated for the measurement.
+    acc_bytes: AtomicU64,
+    acc_tokens: AtomicU64,
+    /// Measured routing-text bytes per engine prompt token × 1000; 0 = not yet.
+    bytes_per_token_milli: AtomicU64,
+}
+
+/// This gateway's counters at the moment a scrape is sent: requests started after
+/// it are not in the engine's answer and keep counting as corrections.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ScrapeMark {
+    started: u64,
+    finished: u64,
+    pending: u64,
+    sent_bytes: u64,
 }
 
 /// Time constant of the request-rate EWMA.
@@ -215,14 +266,32 @@ pub enum Freshness {
 pub struct Load {
     /// Estimated requests queued or running on the worker.
     pub queue: f64,
+    /// Estimated prompt tokens waiting for prefill on the worker (see the module docs).
+    pub pending_tokens: f64,
     /// KV-cache usage, 0..=1 (0 when unknown).
     pub kv_usage: f64,
     pub freshness: Freshness,
 }
 
 impl WorkerStats {
-    /// Store a scrape taken at `now` and restart the local corrections.
+    /// This gateway's counters now: take it right before sending a scrape.
+    pub fn mark(&self) -> ScrapeMark {
+        ScrapeMark {
+            started: self.started.load(Ordering::Relaxed),
+            finished: self.finished.load(Ordering::Relaxed),
+            pending: self.pending_requests.load(Ordering::Relaxed),
+            sent_bytes: self.sent_bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Store a scrape taken at `now`, counting corrections from now on.
     pub fn store(&self, s: &Scraped, now: u64) {
+        self.store_marked(s, now, self.mark())
+    }
+
+    /// Store a scrape sent when `mark` was taken and received at `now`: requests
+    /// started or finished since `mark` stay as corrections.
+    pub fn store_marked(&self, s: &Scraped, now: u64, mark: ScrapeMark) {
         let n = |v: Option<f64>| v.map_or(0, |v| v.max(0.0).round() as u64);
         self.waiting.store(n(s.waiting), Ordering::Relaxed);
         self.running.store(n(s.running), Ordering::Relaxed);
@@ -242,24 +311,87 @@ impl WorkerStats {
         if let Some(q) = s.prefix_queries {
             self.prefix_queries.store(q as u64, Ordering::Relaxed);
         }
-        self.delta_since_poll.store(0, Ordering::Relaxed);
-        self.tokens_since_poll.store(0, Ordering::Relaxed);
+        if let Some(t) = s.prompt_tokens {
+            self.calibrate(t.max(0.0) as u64, mark.sent_bytes);
+        }
+        self.base_started.store(mark.started, Ordering::Relaxed);
+        self.base_finished.store(mark.finished, Ordering::Relaxed);
+        self.base_pending.store(mark.pending, Ordering::Relaxed);
         self.last_poll_ms.store(now, Ordering::Relaxed);
     }
 
-    /// A request was sent to the worker (called with the in-flight guard).
-    pub fn note_started(&self) {
-        self.delta_since_poll.fetch_add(1, Ordering::Relaxed);
+    /// Update the measured bytes per token: the routing-text bytes of requests
+    /// that reached their first token (when vLLM counts their prompt tokens) over
+    /// the engine's prompt-token counter, both accumulated since the first scrape
+    /// and halved whenever the tokens pass [`CALIBRATE_HALF_AT`], so the ratio is
+    /// stable (a request counted on one side only at a scrape is a small part of
+    /// the total) yet follows a lasting change of traffic. An engine restart (its
+    /// counter going back) restarts the baseline, not the measurement.
+    fn calibrate(&self, tokens: u64, bytes: u64) {
+        let t0 = self.calib_tokens.load(Ordering::Relaxed);
+        let b0 = self.calib_bytes.load(Ordering::Relaxed);
+        self.calib_tokens.store(tokens.max(1), Ordering::Relaxed);
+        self.calib_bytes.store(bytes, Ordering::Relaxed);
+        if tokens < t0 || bytes < b0 || t0 == 0 {
+            return;
+        }
+        let mut acc_t = self.acc_tokens.load(Ordering::Relaxed) + (tokens - t0);
+        let mut acc_b = self.acc_bytes.load(Ordering::Relaxed) + (bytes - b0);
+        if acc_t > CALIBRATE_HALF_AT {
+            acc_t /= 2;
+            acc_b /= 2;
+        }
+        self.acc_tokens.store(acc_t, Ordering::Relaxed);
+        self.acc_bytes.store(acc_b, Ordering::Relaxed);
+        if acc_t < CALIBRATE_MIN_TOKENS || acc_b == 0 {
+            return; // too little yet, or another client's traffic only
+        }
+        let bpt = (acc_b as f64 / acc_t as f64).clamp(0.5, 32.0);
+        self.bytes_per_token_milli
+            .store((bpt * MILLI).round() as u64, Ordering::Relaxed);
+    }
+
+    /// Routing-text bytes per engine prompt token, as measured; `None` until
+    /// enough traffic went through. Other clients of the same engine make it low.
+    pub fn bytes_per_token(&self) -> Option<f64> {
+        match self.bytes_per_token_milli.load(Ordering::Relaxed) {
+            0 => None,
+            m => Some(m as f64 / MILLI),
+        }
+    }
+
+    /// A request was sent to the worker (called with the in-flight guard):
+    /// `prompt_tokens` estimated, `prefill_tokens` of them uncached.
+    pub fn note_started(&self, prompt_tokens: u64, prefill_tokens: u64) {
+        self.started.fetch_add(1, Ordering::Relaxed);
+        self.pending_tokens
+            .fetch_add(prefill_tokens, Ordering::Relaxed);
+        self.pending_requests.fetch_add(1, Ordering::Relaxed);
+        // EWMA with weight 1/16; races between requests only blur it.
+        let old = self.mean_prompt_tokens.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            prompt_tokens
+        } else {
+            (old * 15 + prompt_tokens) / 16
+        };
+        self.mean_prompt_tokens.store(new, Ordering::Relaxed);
+    }
+
+    /// The request's first token arrived (`Some(prompt bytes)`), or it ended
+    /// without one (`None`): its prefill no longer delays others. Called once per
+    /// request.
+    pub fn note_prefilled(&self, prefill_tokens: u64, first_token: Option<u64>) {
+        self.pending_tokens
+            .fetch_sub(prefill_tokens, Ordering::Relaxed);
+        self.pending_requests.fetch_sub(1, Ordering::Relaxed);
+        if let Some(bytes) = first_token {
+            self.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
     }
 
     /// A request ended (the in-flight guard dropped).
     pub fn note_finished(&self) {
-        self.delta_since_poll.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Add the estimated prompt tokens of a request just sent.
-    pub fn note_tokens(&self, tokens: u64) {
-        self.tokens_since_poll.fetch_add(tokens, Ordering::Relaxed);
+        self.finished.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Age of the last scrape at `now` (ms), `None` if never scraped.
@@ -273,26 +405,38 @@ impl WorkerStats {
     /// The load at `now` given this gateway's in-flight count (pure: clock injected).
     pub fn load(&self, in_flight: u64, now: u64, stale_after_ms: u64) -> Load {
         let kv_usage = self.kv_usage_ppm.load(Ordering::Relaxed) as f64 / PPM;
+        let local_pending = self.pending_tokens.load(Ordering::Relaxed) as f64;
+        let local = |freshness| Load {
+            queue: in_flight as f64,
+            pending_tokens: local_pending,
+            kv_usage,
+            freshness,
+        };
         match self.age_ms(now) {
-            None => Load {
-                queue: in_flight as f64,
-                kv_usage,
-                freshness: Freshness::Unknown,
-            },
-            Some(age) if age > stale_after_ms => Load {
-                // The scrape says nothing current; callers score this as fully
-                // loaded and use `queue` only when every worker is stale.
-                queue: in_flight as f64,
-                kv_usage,
-                freshness: Freshness::Stale,
-            },
+            None => local(Freshness::Unknown),
+            // The scrape says nothing current; callers score this as fully
+            // loaded and use these local counts only when every worker is stale.
+            Some(age) if age > stale_after_ms => local(Freshness::Stale),
             Some(_) => {
-                let polled =
-                    self.waiting.load(Ordering::Relaxed) + self.running.load(Ordering::Relaxed);
-                let delta = self.delta_since_poll.load(Ordering::Relaxed);
-                let est = (polled as i64).saturating_add(delta).max(0) as u64;
+                let waiting = self.waiting.load(Ordering::Relaxed);
+                let polled = waiting + self.running.load(Ordering::Relaxed);
+                let since = |total: &AtomicU64, base: &AtomicU64| {
+                    total
+                        .load(Ordering::Relaxed)
+                        .saturating_sub(base.load(Ordering::Relaxed)) as i64
+                };
+                let est = (polled as i64)
+                    .saturating_add(since(&self.started, &self.base_started))
+                    .saturating_sub(since(&self.finished, &self.base_finished))
+                    .max(0) as u64;
+                // Waiting requests beyond this gateway's own unstarted ones at the
+                // scrape belong to other clients; their size is unknown, so count
+                // them at this gateway's mean prompt size.
+                let foreign = waiting.saturating_sub(self.base_pending.load(Ordering::Relaxed));
+                let mean = self.mean_prompt_tokens.load(Ordering::Relaxed) as f64;
                 Load {
                     queue: est.max(in_flight) as f64,
+                    pending_tokens: local_pending + foreign as f64 * mean,
                     kv_usage,
                     freshness: Freshness::Fresh,
                 }
@@ -327,6 +471,14 @@ impl WorkerStats {
         let b = self.num_gpu_blocks.load(Ordering::Relaxed);
         let s = self.block_size.load(Ordering::Relaxed);
         (b > 0 && s > 0).then(|| b.saturating_mul(s))
+    }
+
+    /// KV capacity in bytes of routing text, when the engine published its
+    /// capacity: tokens × the measured bytes per token, else × `default_bpt`.
+    pub fn kv_capacity_bytes(&self, default_bpt: f64) -> Option<u64> {
+        let bpt = self.bytes_per_token().unwrap_or(default_bpt);
+        self.kv_capacity_tokens()
+            .map(|t| (t as f64 * bpt).round() as u64)
     }
 }
 
@@ -401,8 +553,9 @@ async fn poll_worker(w: Arc<Worker>, client: UpstreamClient, ctl: Arc<PollCtl>) 
             .stats
             .update_rate(w.state.requests.load(Ordering::Relaxed), now_ms());
         let auth = ctl.auth.load_full();
+        let mark = w.state.stats.mark();
         match tokio::time::timeout(limit, scrape(&client, &uri, auth.as_deref())).await {
-            Ok(Ok(s)) if s.is_useful() => w.state.stats.store(&s, now_ms()),
+            Ok(Ok(s)) if s.is_useful() => w.state.stats.store_marked(&s, now_ms(), mark),
             Ok(Ok(_)) => fail(&w, &label, "no known metric names"),
             Ok(Err(e)) => fail(&w, &label, &e.to_string()),
             Err(_) => fail(&w, &label, "timeout"),
@@ -546,7 +699,7 @@ vllm:num_requests_waiting_by_reason{reason="capacity"} 99
         assert_eq!(st.load(0, 1_100, 500).queue, 12.0);
         // A burst of 3 sent since the scrape counts before the next scrape.
         for _ in 0..3 {
-            st.note_started();
+            st.note_started(0, 0);
         }
         assert_eq!(st.load(3, 1_100, 500).queue, 15.0);
         // Finishing ones lower it again, never below the local in-flight count.
@@ -560,5 +713,86 @@ vllm:num_requests_waiting_by_reason{reason="capacity"} 99
         // A new scrape resets the corrections.
         st.store(&parse_metrics("vllm:num_requests_running 1\n"), 2_000);
         assert_eq!(st.load(0, 2_000, 500).queue, 1.0);
+    }
+
+    /// Requests sent while a scrape is on its way are not in the engine's answer:
+    /// storing the answer must not forget them.
+    #[test]
+    fn requests_sent_during_a_scrape_stay_counted() {
+        let st = WorkerStats::default();
+        let mark = st.mark();
+        for _ in 0..3 {
+            st.note_started(0, 0);
+        }
+        st.store_marked(&parse_metrics("vllm:num_requests_running 2\n"), 1_000, mark);
+        // 2 the engine saw + 3 it had not seen yet (in-flight floor left out: 0).
+        assert_eq!(st.load(0, 1_000, 500).queue, 5.0);
+        // One of the engine's two finishes: 4.
+        st.note_finished();
+        assert_eq!(st.load(0, 1_000, 500).queue, 4.0);
+        // The next scrape, sent after all of them, restarts from its own count.
+        let mark = st.mark();
+        st.store_marked(&parse_metrics("vllm:num_requests_running 4\n"), 1_100, mark);
+        assert_eq!(st.load(0, 1_100, 500).queue, 4.0);
+    }
+
+    /// A request waiting for its prefill delays the next one by that prefill; once
+    /// its first token is out, it no longer does.
+    #[test]
+    fn pending_prefill_counts_until_the_first_token() {
+        let st = WorkerStats::default();
+        st.store(&parse_metrics("vllm:num_requests_running 0\n"), 1_000);
+        st.note_started(2_000, 1_500);
+        st.note_started(2_000, 2_000);
+        assert_eq!(st.load(2, 1_000, 500).pending_tokens, 3_500.0);
+        st.note_prefilled(1_500, Some(8_000));
+        assert_eq!(st.load(2, 1_000, 500).pending_tokens, 2_000.0);
+        // Stale or never scraped: the local part still counts.
+        assert_eq!(st.load(2, 9_000, 500).pending_tokens, 2_000.0);
+        // Other clients' waiting requests (beyond this gateway's one unstarted
+        // request at the scrape) count at this gateway's mean prompt size.
+        let mark = st.mark();
+        st.store_marked(&parse_metrics("vllm:num_requests_waiting 4\n"), 1_100, mark);
+        assert_eq!(
+            st.load(1, 1_100, 500).pending_tokens,
+            2_000.0 + 3.0 * 2_000.0
+        );
+    }
+
+    #[test]
+    fn bytes_per_token_is_measured_from_the_prompt_token_counter() {
+        let st = WorkerStats::default();
+        let scrape = |tokens: u64| {
+            let mark = st.mark();
+            let text = format!(
+                "vllm:num_requests_running 0\nvllm:prompt_tokens_total {tokens}\nvllm:cache_config_info{{num_gpu_blocks=\"100\",block_size=\"16\"}} 1\n"
+            );
+            st.store_marked(&parse_metrics(&text), 1_000, mark);
+        };
+        scrape(500);
+        assert_eq!(st.bytes_per_token(), None);
+        assert_eq!(st.kv_capacity_bytes(4.0), Some(1_600 * 4));
+        // 6 bytes per token: 10,000 tokens for 60,000 bytes of requests that got
+        // their first token (a request that failed before counts no bytes).
+        for _ in 0..10 {
+            st.note_started(1_500, 1_500);
+            st.note_prefilled(1_500, Some(6_000));
+        }
+        st.note_started(1_500, 1_500);
+        st.note_prefilled(1_500, None);
+        scrape(10_500);
+        assert_eq!(st.bytes_per_token(), Some(6.0));
+        assert_eq!(st.kv_capacity_bytes(4.0), Some(1_600 * 6));
+        // Later traffic moves the accumulated ratio: 100 tokens at 1 byte each.
+        st.note_started(100, 100);
+        st.note_prefilled(100, Some(100));
+        scrape(10_600);
+        assert_eq!(
+            st.bytes_per_token(),
+            Some(60_100.0 / 10_100.0 * 1000.0).map(|v: f64| v.round() / 1000.0)
+        );
+        // An engine restart (its counter back to 0) keeps the measurement.
+        scrape(0);
+        assert!(st.bytes_per_token().is_some());
     }
 }

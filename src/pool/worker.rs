@@ -112,14 +112,19 @@ impl Worker {
     }
 
     /// Count a request as in flight until the guard drops; the guard then wakes a
-    /// request waiting in `queue`, if any.
-    pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>) -> InFlightGuard {
+    /// request waiting in `queue`, if any. `size` says how much prefill work the
+    /// request brings; it counts as pending until [`InFlightGuard::first_token`] or
+    /// the drop.
+    pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>, size: RequestSize) -> InFlightGuard {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
-        self.state.stats.note_started();
+        self.state
+            .stats
+            .note_started(size.tokens, size.prefill_tokens);
         InFlightGuard {
             state: self.state.clone(),
             queue: queue.cloned(),
+            prefill: Some((size.prefill_tokens, size.bytes)),
         }
     }
 
@@ -128,20 +133,43 @@ impl Worker {
     }
 }
 
+/// The size of a request as routing estimates it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestSize {
+    /// Bytes of routing text (prompt).
+    pub bytes: u64,
+    /// Estimated prompt tokens.
+    pub tokens: u64,
+    /// Estimated prompt tokens the worker must prefill (not cached there).
+    pub prefill_tokens: u64,
+}
+
 /// Decrements the worker's in-flight count when the response body ends or is dropped.
 pub struct InFlightGuard {
     state: Arc<WorkerState>,
     queue: Option<Arc<AdmissionQueue>>,
+    /// Prefill tokens still counted as pending on the worker, and the prompt bytes.
+    prefill: Option<(u64, u64)>,
 }
 
 impl InFlightGuard {
     pub fn state(&self) -> &Arc<WorkerState> {
         &self.state
     }
+
+    /// The first token arrived: the request's prefill is done (idempotent).
+    pub fn first_token(&mut self) {
+        if let Some((tokens, bytes)) = self.prefill.take() {
+            self.state.stats.note_prefilled(tokens, Some(bytes));
+        }
+    }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        if let Some((tokens, _)) = self.prefill.take() {
+            self.state.stats.note_prefilled(tokens, None);
+        }
         self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.state.stats.note_finished();
         if let Some(q) = &self.queue {
@@ -158,8 +186,8 @@ mod tests {
     fn guard_decrements_on_drop() {
         let w = Worker::new("http://h:1/pre", BTreeMap::new(), Default::default()).unwrap();
         assert_eq!(&*w.path_prefix, "/pre");
-        let g1 = w.begin(None);
-        let g2 = w.begin(None);
+        let g1 = w.begin(None, RequestSize::default());
+        let g2 = w.begin(None, RequestSize::default());
         assert_eq!(w.in_flight(), 2);
         drop(g1);
         assert_eq!(w.in_flight(), 1);

@@ -8,7 +8,7 @@ use super::observe::{ObserveParams, ObservedBody};
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
 use crate::pool::admission::{Priority, QueueError};
-use crate::pool::{health, InFlightGuard, ModelRoute, Role, Worker};
+use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Role, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
@@ -78,6 +78,22 @@ impl ForwardContext<'_> {
 
     pub(crate) fn deadline(&self) -> Instant {
         self.start + self.timeouts.total
+    }
+
+    /// The request's size for load accounting, `cached` of its prompt tokens
+    /// expected in the chosen worker's prefix cache.
+    pub(crate) fn size(&self, cached: u64) -> RequestSize {
+        let bytes = self
+            .info
+            .routing_text
+            .as_ref()
+            .map_or(0, |t| t.len() as u64);
+        let tokens = bytes / u64::from(self.route.pool.config.routing.bytes_per_token.get());
+        RequestSize {
+            bytes,
+            tokens,
+            prefill_tokens: tokens.saturating_sub(cached),
+        }
     }
 }
 
@@ -152,10 +168,13 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         }
         None => &*route.policy,
     };
-    let prompt_tokens = ctx.info.routing_text.as_ref().map_or(0, |t| t.len() as u64)
-        / u64::from(pool.config.routing.bytes_per_token.get());
     let mut tried: Vec<usize> = Vec::new();
     let mut last_err: Option<GatewayError> = None;
+    // Failed attempts as `worker=outcome`, logged when the request fails (only
+    // allocated on failures).
+    let mut trail: Vec<String> = Vec::new();
+    let mut stop = "no_candidate";
+    let mut blame = Blame::new(route, ctx.health);
     pool.retry_budget.on_request();
     let eligible = |i: usize, tried: &[usize]| {
         let w = &route.workers[i];
@@ -196,12 +215,21 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     }
                     // Last resort for a retry: a worker already tried (not the one that
                     // just failed) or cooling down after a 429 — better than failing a
-                    // request that another attempt could still save.
+                    // request that another attempt could still save. Preferably one
+                    // that answered this request (a 5xx may not repeat) over one whose
+                    // connection broke or hung.
                     _ => match (attempt > 0)
                         .then(|| {
-                            policy.pick(&rreq, &route.workers, &|i| {
-                                last_resort(route, i, &tried, skip_prefill, &rreq)
-                            })
+                            policy
+                                .pick(&rreq, &route.workers, &|i| {
+                                    last_resort(route, i, &tried, skip_prefill, &rreq)
+                                        && !blame.broke(i)
+                                })
+                                .or_else(|| {
+                                    policy.pick(&rreq, &route.workers, &|i| {
+                                        last_resort(route, i, &tried, skip_prefill, &rreq)
+                                    })
+                                })
                         })
                         .flatten()
                     {
@@ -245,17 +273,24 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                 false,
             );
         }
-        worker.state.stats.note_tokens(prompt_tokens);
+        let size = ctx.size(predicted.unwrap_or(0));
 
         // Phases: prepare and send.
-        match send(ctx, decision.index, ctx.body.clone(), deadline).await {
+        let (result, failure) =
+            send_attempt(ctx, decision.index, ctx.body.clone(), size, deadline).await;
+        blame.record(decision.index, failure);
+        match result {
             Ok((resp, guard)) => {
                 let status = resp.status();
-                if retryable_status(status)
-                    && may_retry(route, &rreq, &tried, attempt, deadline, &pool_label)
-                {
-                    tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
-                    continue;
+                if retryable_status(status) {
+                    trail.push(format!("{}={}", worker.id, status.as_u16()));
+                    match may_retry(route, &rreq, &tried, attempt, deadline, &pool_label) {
+                        Ok(()) => {
+                            tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
+                            continue;
+                        }
+                        Err(why) => log_failed(ctx, &trail, why),
+                    }
                 }
                 if let Some(usd) = est_cost {
                     telemetry::record_estimated_cost(&pool_label, usd);
@@ -287,38 +322,178 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                 return Ok(out);
             }
             Err(err) => {
+                trail.push(format!("{}={}", worker.id, err.reason()));
                 let retry = err.retryable();
                 last_err = Some(err);
-                if !retry || !may_retry(route, &rreq, &tried, attempt, deadline, &pool_label) {
+                if !retry {
+                    stop = "not_retryable";
+                    break;
+                }
+                if let Err(why) = may_retry(route, &rreq, &tried, attempt, deadline, &pool_label) {
+                    stop = why;
                     break;
                 }
             }
         }
     }
+    log_failed(ctx, &trail, stop);
     Err(last_err.unwrap_or_else(|| ctx.no_worker()))
 }
 
+/// One line per request that failed (or is passed a worker's error) after its
+/// attempts: which workers answered what, and why no further attempt was made
+/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`).
+fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
+    tracing::warn!(
+        request_id = ?ctx.request_id,
+        model = %ctx.route.model,
+        attempts = %trail.join(","),
+        stop,
+        "request failed"
+    );
+}
+
 /// Send `body` to `worker` with the client's (filtered) headers, bounded by the
-/// first-byte and total deadlines. Health and attempt metrics are accounted here;
-/// a response of any status is `Ok` (the caller decides whether to retry it).
+/// first-byte and total deadlines, charging a failure to the worker's health at
+/// once; a response of any status is `Ok` (the caller decides whether to retry it).
+/// `size` is what the request adds to the worker's load until its first token.
 pub(crate) async fn send(
     ctx: &ForwardContext<'_>,
     idx: usize,
     body: Bytes,
+    size: RequestSize,
     deadline: Instant,
 ) -> Result<(Response<Incoming>, InFlightGuard), GatewayError> {
+    let (result, failure) = send_attempt(ctx, idx, body, size, deadline).await;
+    if let Some(f) = failure {
+        charge(ctx.route, ctx.health, idx, f);
+    }
+    result
+}
+
+/// A failed attempt as worker health sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// 429: overloaded (a cooldown, not a failure).
+    Overloaded,
+    /// A 5xx answer.
+    Status(u16),
+    /// No connection: never the request's doing.
+    Connect,
+    /// Reset or closed before the answer.
+    Broken,
+    /// No answer within the first-byte timeout.
+    Timeout,
+}
+
+impl Failure {
+    /// Could the request itself cause this on any worker (a query of death, a
+    /// per-key limit upstream, a fault the client asked for)?
+    fn may_be_the_requests(self) -> bool {
+        self != Failure::Connect
+    }
+}
+
+/// Count a failure against the worker: a 429 cooldown, or a failure towards
+/// passive ejection.
+fn charge(route: &ModelRoute, cfg: &HealthConfig, idx: usize, f: Failure) {
+    let w = &route.workers[idx];
+    if f == Failure::Overloaded {
+        health::on_overloaded(w, &route.workers, cfg);
+    } else {
+        w.state.failures.fetch_add(1, Ordering::Relaxed);
+        health::on_failure(w, &route.workers, cfg);
+    }
+}
+
+/// Who is to blame for a request's failed attempts, settled when the request is
+/// done (dropped). If the request succeeded in the end, every failure was its
+/// worker's and is charged. If it failed, a failure seen on two or more workers
+/// (the same status, resets, timeouts, 429s) is taken as the request's own — a
+/// query of death, a per-key limit upstream, a fault the client asked for — and
+/// charged to none of them; the others are charged. Otherwise one such request
+/// retried over the pool ejects or cools down healthy workers one after the
+/// other and shrinks the pool for everybody else. Refused connections are always
+/// charged. The charge comes a few attempts late at most.
+struct Blame<'a> {
+    route: &'a ModelRoute,
+    cfg: &'a HealthConfig,
+    /// This request's failed attempts (allocated only on failures).
+    failures: Vec<(usize, Failure)>,
+    succeeded: bool,
+}
+
+impl<'a> Blame<'a> {
+    fn new(route: &'a ModelRoute, cfg: &'a HealthConfig) -> Self {
+        Blame {
+            route,
+            cfg,
+            failures: Vec::new(),
+            succeeded: false,
+        }
+    }
+
+    /// Attempt on worker `idx` ended with `failure` (`None`: it succeeded).
+    fn record(&mut self, idx: usize, failure: Option<Failure>) {
+        match failure {
+            Some(f) => self.failures.push((idx, f)),
+            None => self.succeeded = true,
+        }
+    }
+
+    /// Worker `idx`'s connection broke or hung on this request.
+    fn broke(&self, idx: usize) -> bool {
+        self.failures.iter().any(|&(i, f)| {
+            i == idx && matches!(f, Failure::Broken | Failure::Timeout | Failure::Connect)
+        })
+    }
+}
+
+impl Drop for Blame<'_> {
+    fn drop(&mut self) {
+        let mut own = false;
+        for &(i, f) in &self.failures {
+            let repeated = self.failures.iter().any(|&(j, g)| g == f && j != i);
+            if !self.succeeded && repeated && f.may_be_the_requests() {
+                own = true;
+            } else {
+                charge(self.route, self.cfg, i, f);
+            }
+        }
+        if own {
+            counter!(names::REQUEST_CAUSED_FAILURES_TOTAL,
+                names::L_POOL => SharedString::from(self.route.pool.name.clone()))
+            .increment(1);
+        }
+    }
+}
+
+/// One attempt: send, wait for the response head. Attempt metrics and a success
+/// are accounted here; a failure is returned for the caller to charge (or not).
+pub(crate) async fn send_attempt(
+    ctx: &ForwardContext<'_>,
+    idx: usize,
+    body: Bytes,
+    size: RequestSize,
+    deadline: Instant,
+) -> (
+    Result<(Response<Incoming>, InFlightGuard), GatewayError>,
+    Option<Failure>,
+) {
     let route = ctx.route;
-    let health = ctx.health;
     let worker = &route.workers[idx];
     let metrics = &route.metrics[idx];
     if !ctx.allows(worker) {
         // Routing never offers such a worker; this is the last line of defence.
         tracing::error!(worker = %worker.id, "refusing to send outside the request's residency");
-        return Err(ctx.no_worker());
+        return (Err(ctx.no_worker()), None);
     }
     let attempt_span = new_span_id();
-    let upstream_req = prepare(ctx, worker, body, attempt_span)?;
-    let guard = worker.begin(route.pool.queue.as_ref());
+    let upstream_req = match prepare(ctx, worker, body, attempt_span) {
+        Ok(r) => r,
+        Err(e) => return (Err(e), None),
+    };
+    let guard = worker.begin(route.pool.queue.as_ref(), size);
     let wait = ctx
         .timeouts
         .first_byte
@@ -351,42 +526,50 @@ pub(crate) async fn send(
             error,
         );
     }
-    let err = match result {
-        Err(_) => GatewayError::UpstreamTimeout {
-            worker: worker.id.clone(),
-            after: wait,
-        },
-        Ok(Err(e)) if e.is_connect() => GatewayError::UpstreamConnect {
-            worker: worker.id.clone(),
-            detail: error_chain(&e),
-        },
-        Ok(Err(e)) => GatewayError::UpstreamFailed {
-            worker: worker.id.clone(),
-            detail: error_chain(&e),
-        },
+    let (err, failure) = match result {
+        Err(_) => (
+            GatewayError::UpstreamTimeout {
+                worker: worker.id.clone(),
+                after: wait,
+            },
+            Failure::Timeout,
+        ),
+        Ok(Err(e)) if e.is_connect() => (
+            GatewayError::UpstreamConnect {
+                worker: worker.id.clone(),
+                detail: error_chain(&e),
+            },
+            Failure::Connect,
+        ),
+        Ok(Err(e)) => (
+            GatewayError::UpstreamFailed {
+                worker: worker.id.clone(),
+                detail: error_chain(&e),
+            },
+            Failure::Broken,
+        ),
         Ok(Ok(resp)) => {
             let status = resp.status();
             metrics.record_attempt(attempt_result(status.as_u16()));
-            if status.as_u16() == 429 {
-                health::on_overloaded(worker, &route.workers, health);
+            let failure = if status.as_u16() == 429 {
+                Some(Failure::Overloaded)
             } else if status.is_server_error() {
-                worker.state.failures.fetch_add(1, Ordering::Relaxed);
-                health::on_failure(worker, &route.workers, health);
+                Some(Failure::Status(status.as_u16()))
             } else {
                 health::on_success(&worker.state);
-            }
-            return Ok((resp, guard));
+                None
+            };
+            return (Ok((resp, guard)), failure);
         }
     };
-    worker.state.failures.fetch_add(1, Ordering::Relaxed);
-    health::on_failure(worker, &route.workers, health);
     metrics.record_attempt(err.reason());
     tracing::warn!(worker = %worker.id, error = %err, "upstream attempt failed");
-    Err(err)
+    (Err(err), Some(failure))
 }
 
 /// Another attempt is allowed: attempts left, time left, an untried worker able to
-/// take it, and the pool's retry budget has a retry to spend (checked last: it takes one).
+/// take it, and the pool's retry budget has a retry to spend (checked last: it takes
+/// one). Otherwise, why not.
 fn may_retry(
     route: &ModelRoute,
     rreq: &RouteRequest<'_>,
@@ -394,10 +577,13 @@ fn may_retry(
     attempt: u32,
     deadline: Instant,
     pool_label: &SharedString,
-) -> bool {
+) -> Result<(), &'static str> {
     let pool = &route.pool;
-    if attempt >= pool.config.max_attempts || Instant::now() >= deadline {
-        return false;
+    if attempt >= pool.config.max_attempts {
+        return Err("attempts");
+    }
+    if Instant::now() >= deadline {
+        return Err("deadline");
     }
     let skip_prefill = pool.config.disaggregation.is_some();
     let candidate = (0..route.workers.len()).any(|i| {
@@ -405,14 +591,14 @@ fn may_retry(
             || last_resort(route, i, tried, skip_prefill, rreq)
     });
     if !candidate {
-        return false;
+        return Err("no_candidate");
     }
     if pool.retry_budget.try_retry() {
-        true
+        Ok(())
     } else {
         counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
             .increment(1);
-        false
+        Err("budget")
     }
 }
 

@@ -97,6 +97,8 @@ impl Observer {
     fn on_data(&mut self, chunk: &[u8], now: Instant) {
         self.response_bytes += chunk.len() as u64;
         if !self.p.sse {
+            // A whole answer is arriving: the prefill is long done.
+            self.p.guard.first_token();
             if chunk.len() >= TAIL_BYTES {
                 self.tail.clear();
                 self.tail
@@ -153,7 +155,11 @@ impl Observer {
         }
         if carries_content(data) {
             match self.last_content {
-                None => self.first_content = Some(now),
+                None => {
+                    self.first_content = Some(now);
+                    // Its prefill no longer delays the worker's next requests.
+                    self.p.guard.first_token();
+                }
                 Some(prev) => {
                     let gap = now.duration_since(prev);
                     self.p.metrics.itl.record(gap.as_secs_f64());

@@ -23,6 +23,12 @@ pub const MAX_BLOCKS: usize = 4096;
 /// New prefixes are placed by the chain hash of this many leading blocks (or all
 /// of them when fewer): enough to tell apart prompts sharing a boilerplate opening.
 pub const PLACEMENT_BLOCKS: usize = 4;
+/// The index remembers up to `1 + 1/INDEX_SLACK_DIV` times a worker's estimated
+/// KV capacity: forgetting a prefix the engine still holds costs a miss *and* a
+/// second copy elsewhere (the prefix is placed anew), while remembering one the
+/// engine dropped costs only the miss, on the worker that then caches it again.
+/// The estimate (bytes per token, engine block counts) is rarely exact.
+pub const INDEX_SLACK_DIV: u64 = 2;
 /// Scores closer than this tie.
 const TIE: f64 = 1e-9;
 
@@ -68,14 +74,34 @@ pub struct Pipeline {
     index: Option<Arc<PrefixIndex>>,
 }
 
+/// One request in flight counts as this many prompt tokens of wait: a sequence
+/// that is decoding slows the engine's steps a little, while a prompt waiting for
+/// its prefill delays the next request by that whole prefill (counted apart, in
+/// `pending_tokens`). Among workers with no prefill queued, the shorter queue wins.
+pub const QUEUE_TOKENS: f64 = 16.0;
+
 /// One candidate during a pick.
 #[derive(Clone, Copy)]
 struct Cand {
     i: usize,
+    /// Estimated requests queued or running.
     queue: f64,
+    /// Estimated wait before a new request's prefill, in prompt tokens:
+    /// pending prefill tokens + [`QUEUE_TOKENS`] × queue; for a stale worker, at
+    /// least the busiest fresh worker's.
+    wait: f64,
+    /// `wait` before that stale adjustment.
+    own_wait: f64,
     kv: f64,
     stale: bool,
     score: f64,
+    /// Leading prefix blocks the worker holds (prefix index).
+    depth: u32,
+    /// Placing a prefix: blocks the index attributes to the worker; whether the
+    /// prefix fits its cache, and keeps its footprint within the bound.
+    footprint: u64,
+    room: bool,
+    fits: bool,
 }
 
 impl Pipeline {
@@ -196,7 +222,8 @@ impl Pipeline {
     }
 
     /// The index of the best candidate among those `ok` admits: highest score;
-    /// among equal positive scores the shorter queue; remaining ties by
+    /// among equal positive scores the shorter wait (then the shorter wait this
+    /// gateway knows of, which differs for stale workers); remaining ties by
     /// rendezvous weight on `key` (so zero-score ties — nobody has a preference —
     /// are decided the same way on every replica).
     fn best(
@@ -210,11 +237,25 @@ impl Pipeline {
             match best {
                 None => best = Some((k, c.score, 0)),
                 Some((bk, bs, mut bw)) => {
-                    let by_queue = bs > TIE && (c.score - bs).abs() <= TIE;
-                    if c.score > bs + TIE || (by_queue && c.queue < cands[bk].queue) {
+                    let by_wait = bs > TIE && (c.score - bs).abs() <= TIE;
+                    let order =
+                        (c.wait, c.own_wait).partial_cmp(&(cands[bk].wait, cands[bk].own_wait));
+                    let less = order == Some(std::cmp::Ordering::Less);
+                    let more = order == Some(std::cmp::Ordering::Greater);
+                    if c.score > bs + TIE || (by_wait && less) {
                         best = Some((k, c.score, 0));
-                    } else if c.score >= bs - TIE && !(by_queue && c.queue > cands[bk].queue) {
-                        // A tie: compute rendezvous weights only now.
+                    } else if c.score >= bs - TIE && !(by_wait && more) {
+                        // A tie: a worker with fresh stats before a stale one (stale
+                        // is never preferred), then rendezvous.
+                        match (c.stale, cands[bk].stale) {
+                            (false, true) => {
+                                best = Some((k, c.score, 0));
+                                continue;
+                            }
+                            (true, false) => continue,
+                            _ => {}
+                        }
+                        // Compute rendezvous weights only now.
                         if bw == 0 {
                             bw = rendezvous::weight(key, workers[cands[bk].i].id_hash);
                             best = Some((bk, bs, bw));
@@ -297,30 +338,62 @@ impl Pipeline {
                 continue;
             }
             let l = w.state.stats.load(w.in_flight(), now, self.stale_after_ms);
+            let wait = l.pending_tokens + QUEUE_TOKENS * l.queue;
             cands.push(Cand {
                 i,
                 queue: l.queue,
+                wait,
+                own_wait: wait,
                 kv: l.kv_usage,
                 stale: l.freshness == Freshness::Stale,
                 score: 0.0,
+                depth: 0,
+                footprint: 0,
+                room: true,
+                fits: true,
             });
         }
         if cands.is_empty() {
             return None;
         }
-        // Stale stats count as fully loaded — unless every candidate is stale, when
-        // the gateway's own counts are all there is.
-        let all_stale = cands.iter().all(|c| c.stale);
-        if all_stale {
-            cands.iter_mut().for_each(|c| c.stale = false);
+        // Stale stats count as fully loaded: as busy as the busiest fresh worker
+        // (never as idle, and never excluded, so that a few late scrapes cannot
+        // herd every request onto the workers whose scrape happened to succeed);
+        // among equally "full" workers, this gateway's own counts decide. When
+        // every candidate is stale, the gateway's own counts are all there is.
+        let (mut fresh, mut max_q, mut max_w) = (false, 0.0f64, 0.0f64);
+        for c in cands.iter().filter(|c| !c.stale) {
+            fresh = true;
+            max_q = max_q.max(c.queue);
+            max_w = max_w.max(c.wait);
         }
-        let (mut sum, mut n, mut max_q) = (0.0, 0.0, 0.0f64);
+        for c in cands.iter_mut() {
+            if !fresh {
+                c.stale = false;
+            } else if c.stale {
+                c.queue = c.queue.max(max_q);
+                c.wait = c.wait.max(max_w);
+            }
+        }
+        self.pick_at_loads(req, workers, &mut cands)
+    }
+
+    /// The rest of a pick, once every candidate's load is known.
+    fn pick_at_loads(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        cands: &mut [Cand],
+    ) -> Option<Decision> {
+        let (mut sum, mut n, mut max_w) = (0.0, 0.0, 0.0f64);
         for c in cands.iter().filter(|c| !c.stale) {
             sum += c.queue;
             n += 1.0;
-            max_q = max_q.max(c.queue);
         }
-        let mean = sum / n;
+        for c in cands.iter() {
+            max_w = max_w.max(c.wait);
+        }
+        let mean = sum / f64::max(n, 1.0);
 
         let blocks: &[u64] = if self.has(ScorerKind::Prefix) {
             self.blocks(req)
@@ -329,24 +402,28 @@ impl Pipeline {
         };
         let key = self.tie_key(req, blocks);
 
-        // Scores.
-        let mut depth_of = [(usize::MAX, 0u32); REPLICAS];
-        let mut matched = 0;
+        // How deep each worker holds the prefix.
+        let mut max_depth = 0;
         if let (Some(ix), false) = (&self.index, blocks.is_empty()) {
             let mut out = [(0u16, 0u32); REPLICAS];
             let m = ix.lookup(blocks, &mut out);
             for &(slot, depth) in &out[..m] {
-                if let Some(&i) = self.slot_to_index.get(slot as usize) {
-                    if i != u32::MAX {
-                        depth_of[matched] = (i as usize, depth);
-                        matched += 1;
-                    }
+                let Some(&i) = self.slot_to_index.get(slot as usize) else {
+                    continue;
+                };
+                if let Some(c) = cands.iter_mut().find(|c| c.i as u32 == i) {
+                    c.depth = depth;
+                    max_depth = max_depth.max(depth);
                 }
             }
         }
+        if self.name == "prefix" {
+            return self.pick_prefix(req, workers, cands, key, blocks.len(), max_depth, mean);
+        }
+
         let (mut pmin, mut pmax) = (f64::MAX, f64::MIN);
         if self.has(ScorerKind::Cost) {
-            for c in &cands {
+            for c in cands.iter() {
                 pmin = pmin.min(self.prices[c.i]);
                 pmax = pmax.max(self.prices[c.i]);
             }
@@ -356,19 +433,17 @@ impl Pipeline {
         } else {
             None
         };
+        let n_blocks = blocks.len();
         let score = |kind: ScorerKind, c: &Cand| -> f64 {
             match kind {
-                ScorerKind::Queue if c.stale => 0.0,
-                ScorerKind::Queue => 1.0 - c.queue / (max_q + 1.0),
+                ScorerKind::Queue => 1.0 - c.wait / (max_w + QUEUE_TOKENS),
                 ScorerKind::Kv if c.stale => 0.0,
                 ScorerKind::Kv => 1.0 - c.kv,
                 ScorerKind::Cost if pmax > pmin => 1.0 - (self.prices[c.i] - pmin) / (pmax - pmin),
                 ScorerKind::Cost => 1.0,
                 ScorerKind::Session => (session_owner == Some(c.i)) as u8 as f64,
-                ScorerKind::Prefix => depth_of[..matched]
-                    .iter()
-                    .find(|d| d.0 == c.i)
-                    .map_or(0.0, |d| d.1 as f64 / blocks.len() as f64),
+                ScorerKind::Prefix if n_blocks == 0 => 0.0,
+                ScorerKind::Prefix => c.depth as f64 / n_blocks as f64,
             }
         };
         for c in cands.iter_mut() {
@@ -376,49 +451,31 @@ impl Pipeline {
         }
 
         if self.power_of_two {
-            let k = self.pick_two(&cands, workers, key);
+            let k = self.pick_two(cands, workers, key);
             return Some(Decision::new(cands[k].i, Reason::LeastQueue));
         }
 
         // Spill rules.
         let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
         let restricted = |c: &Cand| {
-            c.stale
-                || (self.bounded && c.queue > bound)
-                || (self.headroom && c.queue >= self.target_queue)
+            (self.bounded && c.queue > bound) || (self.headroom && c.queue >= self.target_queue)
         };
-        let preferred = Self::best(&cands, workers, key, |c| !c.stale)?;
-        let (chosen, spilled) = match Self::best(&cands, workers, key, |c| !restricted(c)) {
+        let preferred = Self::best(cands, workers, key, |_| true)?;
+        let (chosen, spilled) = match Self::best(cands, workers, key, |c| !restricted(c)) {
             Some(k) => (k, k != preferred),
             None => {
-                // Nobody has headroom: the least loaded fresh worker.
+                // Nobody has headroom: the least loaded.
                 let k = cands
                     .iter()
                     .enumerate()
-                    .filter(|(_, c)| !c.stale)
-                    .min_by(|a, b| a.1.queue.total_cmp(&b.1.queue))
+                    .min_by(|a, b| a.1.wait.total_cmp(&b.1.wait))
                     .map(|(k, _)| k)
                     .unwrap_or(preferred);
                 (k, true)
             }
         };
-        // A new prefix goes to the less loaded of its two rendezvous choices
-        // (estimated queue, then recent request rate): every replica considers the
-        // same two workers, and placement is nearly as good as least-queue.
-        let new_prefix = self.has(ScorerKind::Prefix) && !blocks.is_empty() && matched == 0;
-        let chosen = if new_prefix && !spilled && cands[chosen].score <= TIE {
-            let second = Self::best(&cands, workers, key, |c| {
-                !restricted(c) && c.score <= TIE && c.i != cands[chosen].i
-            });
-            let busy = |k: usize| (cands[k].queue, workers[cands[k].i].state.stats.rate());
-            match second {
-                Some(k) if busy(k) < busy(chosen) => k,
-                _ => chosen,
-            }
-        } else {
-            chosen
-        };
         let c = &cands[chosen];
+        let new_prefix = self.has(ScorerKind::Prefix) && n_blocks > 0 && max_depth == 0;
         let reason = if spilled {
             Reason::SpillOverload
         } else {
@@ -447,6 +504,147 @@ impl Pipeline {
         Some(Decision::new(c.i, reason))
     }
 
+    /// The `prefix` preset: the worker where the request should see its first
+    /// token soonest — its wait plus the prompt tokens it does not hold — with
+    /// three biases that keep caches useful:
+    ///
+    /// * workers over the load bound (in requests) get no new prefixes, and a
+    ///   holder is compared with the best worker within the bound;
+    /// * a worker holding the prefix wins while its estimate is within half the
+    ///   prompt of the best, so a prefix moves (is replicated) only when its
+    ///   holder is clearly busier than the prefill saved there;
+    /// * otherwise (a new prefix, or a spill) the prefix is placed on a worker
+    ///   with room for it in its cache and a footprint within bounds, if any
+    ///   (so that distinct prefixes spread evenly over the caches, as SGLang's
+    ///   cache_aware does by placing them on its smallest tree); among those, by
+    ///   rendezvous hashing among the ones within two queued requests of the
+    ///   least loaded — at low load all of them, so replicas agree and a
+    ///   forgotten prefix returns where it was; under load the least loaded, as
+    ///   `least_queue` would.
+    #[allow(clippy::too_many_arguments)]
+    fn pick_prefix(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        cands: &mut [Cand],
+        key: u64,
+        n_blocks: usize,
+        max_depth: u32,
+        mean: f64,
+    ) -> Option<Decision> {
+        let prompt =
+            req.info.routing_text.as_ref().map_or(0, |t| t.len() as u64) / self.bytes_per_token;
+        let prompt = prompt as f64;
+        let total =
+            |c: &Cand| c.wait + (prompt - c.depth as f64 * self.block_tokens as f64).max(0.0);
+        let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
+        let any_within = cands.iter().any(|c| c.queue <= bound);
+        let allowed = |c: &Cand| !any_within || c.queue <= bound;
+        let best = cands
+            .iter()
+            .filter(|c| allowed(c))
+            .map(total)
+            .fold(f64::MAX, f64::min);
+        // A holder keeps the prefix while within half the prompt of the best
+        // worker within the load bound (one prefill queued ahead is tolerated,
+        // two are not) — even when it is over the bound
+        // itself: its requests are cheap there (mostly cached), and a copy
+        // elsewhere costs a whole prefill plus cache space. The bound applies to
+        // holders through their wait, to placements through their queue.
+        let keep = (prompt / 2.0).max(2.0 * QUEUE_TOKENS);
+
+        // A holder within the tolerance: the one with the lowest estimate.
+        let mut hit: Option<(&Cand, f64, u64)> = None;
+        for c in cands
+            .iter()
+            .filter(|c| c.depth > 0 && total(c) <= best + keep)
+        {
+            let (t, w) = (total(c), rendezvous::weight(key, workers[c.i].id_hash));
+            match hit {
+                Some((_, bt, bw)) if t > bt + TIE || (t >= bt - TIE && w <= bw) => {}
+                _ => hit = Some((c, t, w)),
+            }
+        }
+        if let Some((c, _, _)) = hit {
+            let reason = if c.depth == max_depth {
+                Reason::PrefixHit
+            } else {
+                Reason::SpillOverload
+            };
+            return Some(Decision::new(c.i, reason));
+        }
+
+        // Place the prefix: rendezvous hashing among the near workers, preferring
+        // those with room for it in their cache and whose footprint (blocks the
+        // index attributes to them) stays within (1 + ε) of the mean after the
+        // placement, or within one such prefix of the least filled — bounded-load
+        // consistent hashing on cache space, so distinct prefixes spread evenly.
+        let n = n_blocks as u64;
+        if let Some(ix) = &self.index {
+            let fp = ix.footprints();
+            let (mut sum, mut min) = (0u64, u64::MAX);
+            for c in cands.iter_mut() {
+                c.footprint = fp.get(self.slots[c.i]);
+                sum += c.footprint;
+                min = min.min(c.footprint);
+            }
+            let limit = ((1.0 + self.load_epsilon) * (sum + n) as f64 / cands.len() as f64)
+                .max(min.saturating_add(n) as f64);
+            for c in cands.iter_mut() {
+                let cap = ix.effective_capacity(self.capacity_blocks(&workers[c.i]));
+                c.room = c.footprint + n <= cap;
+                c.fits = (c.footprint + n) as f64 <= limit;
+            }
+        }
+        // Cache space first (where the prefix will be reused), then load: within
+        // the first tier that has candidates, the workers within two queued
+        // requests of its least loaded, by rendezvous weight.
+        let place = |tier: &dyn Fn(&Cand) -> bool| {
+            let best = cands
+                .iter()
+                .filter(|c| allowed(c) && tier(c))
+                .map(total)
+                .fold(f64::MAX, f64::min);
+            rendezvous::pick(
+                key,
+                cands
+                    .iter()
+                    .filter(|c| allowed(c) && tier(c) && total(c) <= best + 2.0 * QUEUE_TOKENS)
+                    .map(|c| (c.i, workers[c.i].id_hash)),
+            )
+        };
+        let index = place(&|c| c.room && c.fits)
+            .or_else(|| place(&|c| c.fits))
+            .or_else(|| place(&|_| true))?;
+        if tracing::enabled!(tracing::Level::TRACE) {
+            for c in cands.iter() {
+                tracing::trace!(
+                    worker = %workers[c.i].id, chosen = c.i == index, total = total(c),
+                    queue = c.queue, footprint = c.footprint, room = c.room, fits = c.fits,
+                    cap = self.capacity_blocks(&workers[c.i]), n_blocks, "prefix placement"
+                );
+            }
+        }
+        let reason = if max_depth == 0 {
+            Reason::NewPrefix
+        } else {
+            Reason::SpillOverload
+        };
+        Some(Decision::new(index, reason))
+    }
+
+    /// The worker's KV capacity in index blocks: its published capacity in
+    /// tokens at the measured bytes per token (else the configured one), or
+    /// `default_worker_blocks` while unknown.
+    fn capacity_blocks(&self, w: &Worker) -> u64 {
+        w.state
+            .stats
+            .kv_capacity_bytes(self.bytes_per_token as f64)
+            .map_or(self.default_worker_blocks, |b| {
+                (b / self.block_bytes as u64).max(1)
+            })
+    }
+
     fn record_impl(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
         let Some(ix) = &self.index else { return };
         let (Some(&slot), Some(w)) = (self.slots.get(d.index), workers.get(d.index)) else {
@@ -456,14 +654,8 @@ impl Pipeline {
         if slot == 0 || blocks.is_empty() {
             return;
         }
-        let cap = w
-            .state
-            .stats
-            .kv_capacity_tokens()
-            .map_or(self.default_worker_blocks, |t| {
-                (t / self.block_tokens).max(1)
-            });
-        ix.insert(slot, blocks, cap);
+        let cap = self.capacity_blocks(w);
+        ix.insert(slot, blocks, cap + cap / INDEX_SLACK_DIV);
     }
 
     fn estimate_cost_impl(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<f64> {
@@ -484,6 +676,7 @@ mod tests {
     use crate::api::RequestInfo;
     use crate::config::{self, PoolConfig};
     use crate::pool::stats::parse_metrics;
+    use crate::pool::RequestSize;
     use crate::routing::Policy;
     use bytes::Bytes;
 
@@ -569,7 +762,9 @@ mod tests {
         let d = pick(&f, &info, None);
         assert_eq!(d, Decision::new(1, Reason::LeastQueue));
         // A burst sent to w1 since the last scrape makes w0 the shortest.
-        let _guards: Vec<_> = (0..4).map(|_| f.workers[1].begin(None)).collect();
+        let _guards: Vec<_> = (0..4)
+            .map(|_| f.workers[1].begin(None, RequestSize::default()))
+            .collect();
         assert_eq!(pick(&f, &info, None).index, 0);
     }
 
@@ -598,11 +793,87 @@ mod tests {
                 .index
         };
         assert_eq!(at(t0 + 40), 2, "fresh and idle");
-        assert_eq!(at(t0 + 101), 0, "stale: passed over");
+        assert_eq!(
+            at(t0 + 101),
+            0,
+            "stale: as busy as the busiest fresh worker"
+        );
         // When every worker is stale, the gateway's own counts still route.
-        let _busy = f.workers[2].begin(None);
+        let _busy = f.workers[2].begin(None, RequestSize::default());
         let d = at(t0 + 1_000);
         assert_ne!(d, 2);
+    }
+
+    /// Late scrapes must not herd traffic onto the few workers whose scrape
+    /// succeeded: a stale worker is as loaded as the busiest fresh one, not out.
+    #[test]
+    fn a_burst_spreads_when_most_stats_are_stale() {
+        let f = fixture("least_queue", "stats_interval_ms = 25\nstale_after_ms = 50");
+        let t0 = 1_000;
+        for (i, w) in f.workers.iter().enumerate() {
+            let at = if i == 0 { t0 + 100 } else { t0 };
+            w.state
+                .stats
+                .store(&parse_metrics("vllm:num_requests_running 0\n"), at);
+        }
+        let mut guards = Vec::new();
+        let mut per = [0; 4];
+        for k in 0..8 {
+            let info = chat(&format!("request {k}"));
+            let req = RouteRequest::new(&info, None);
+            let d = f
+                .policy
+                .pick_at(&req, &f.workers, &|_| true, t0 + 101)
+                .unwrap();
+            per[d.index] += 1;
+            guards.push(f.workers[d.index].begin(None, RequestSize::default()));
+        }
+        assert_eq!(per, [2, 2, 2, 2], "only w0 is fresh, yet the burst spreads");
+    }
+
+    /// A burst of requests between two scrapes spreads over the workers: each
+    /// pick sees the requests the previous picks started.
+    #[test]
+    fn least_queue_spreads_a_burst_between_two_polls() {
+        let f = fixture("least_queue", "");
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        let mut guards = Vec::new();
+        let mut per = [0; 4];
+        for k in 0..12 {
+            let info = chat(&format!("{k} {}", "x".repeat(4_000)));
+            let d = pick(&f, &info, None);
+            per[d.index] += 1;
+            let size = RequestSize {
+                bytes: 4_000,
+                tokens: 1_000,
+                prefill_tokens: 1_000,
+            };
+            guards.push(f.workers[d.index].begin(None, size));
+        }
+        assert_eq!(per, [3, 3, 3, 3]);
+    }
+
+    /// Requests that are decoding delay a new one far less than one waiting for
+    /// its prefill: least_queue counts prefill work, not just requests.
+    #[test]
+    fn least_queue_prefers_decoding_requests_to_a_pending_prefill() {
+        let f = fixture("least_queue", "");
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        let prompt = RequestSize {
+            bytes: 8_000,
+            tokens: 2_000,
+            prefill_tokens: 2_000,
+        };
+        let _waiting = [0, 2, 3].map(|i| f.workers[i].begin(None, prompt));
+        // w1 runs three requests that have all produced their first token.
+        let mut decoding: Vec<_> = (0..3).map(|_| f.workers[1].begin(None, prompt)).collect();
+        decoding.iter_mut().for_each(|g| g.first_token());
+        // w1 holds 4 requests, the others 1 each, but only w1 has no prefill queued.
+        assert_eq!(pick(&f, &chat("next"), None).index, 1);
     }
 
     #[test]
@@ -646,18 +917,28 @@ mod tests {
         assert!(spread.len() >= 3, "new prefixes spread: {spread:?}");
     }
 
+    /// New prefixes follow load when load differs: a worker with a prefill
+    /// queued is not chosen while another has none.
     #[test]
-    fn new_prefix_goes_to_the_less_busy_of_two_choices() {
+    fn new_prefix_avoids_a_worker_with_prefill_queued() {
         let f1 = fixture("prefix", "");
         let f2 = fixture("prefix", "");
+        for f in [&f1, &f2] {
+            for w in &f.workers {
+                set_queue(w, 0);
+            }
+        }
         let info = chat(&"n".repeat(3000));
         let first = pick(&f1, &info, None).index;
-        // The first choice is busy on f2: the second choice takes the prefix.
-        f2.workers[first]
-            .state
-            .stats
-            .rate_milli
-            .store(50_000, std::sync::atomic::Ordering::Relaxed);
+        // The first choice has a long prefill queued on f2: another worker takes it.
+        let _busy = f2.workers[first].begin(
+            None,
+            RequestSize {
+                bytes: 40_000,
+                tokens: 10_000,
+                prefill_tokens: 10_000,
+            },
+        );
         let d = pick(&f2, &info, None);
         assert_eq!(d.reason, Reason::NewPrefix);
         assert_ne!(d.index, first);
@@ -666,6 +947,100 @@ mod tests {
             pick(&f2, &info, None),
             Decision::new(d.index, Reason::PrefixHit)
         );
+    }
+
+    /// Distinct prefixes spread over the workers' caches: a worker whose index
+    /// is full does not take a new prefix while another has room (the way
+    /// SGLang's cache_aware places new prompts on its smallest tree), so 16
+    /// prompts over 4 workers with room for 4 each end up 4 per worker.
+    #[test]
+    fn new_prefixes_fill_the_caches_evenly() {
+        // 4 prompts of 10 blocks (256 bytes) each fit a worker: room for 40
+        // blocks = 10,240 bytes = 2,560 tokens at 4 bytes per token.
+        let f = fixture("prefix", "");
+        let cap = "vllm:num_requests_running 0\nvllm:cache_config_info{num_gpu_blocks=\"170\",block_size=\"16\"} 1\n";
+        for w in &f.workers {
+            w.state.stats.store(&parse_metrics(cap), now_ms());
+        }
+        let mut per = [0; 4];
+        for k in 0..16 {
+            let text = format!("{k:04}{}", "p".repeat(10 * 256 - 4));
+            let d = pick(&f, &chat(&text), None);
+            assert_eq!(d.reason, Reason::NewPrefix);
+            per[d.index] += 1;
+        }
+        assert_eq!(per, [4, 4, 4, 4]);
+    }
+
+    /// A holder over the load bound (in requests) keeps its prefix while its
+    /// requests are cheap there: replicating a long prompt costs a whole prefill.
+    #[test]
+    fn a_busy_holder_keeps_cheap_hits() {
+        let f = fixture("prefix", "");
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        let long = format!("{} question", "d".repeat(12_000));
+        let first = pick(&f, &chat(&long), None).index;
+        // Five requests decoding on the holder, none elsewhere: over the bound
+        // (1.25 × 1.25 + 2), but 80 tokens of wait against a 3,000-token prefill.
+        set_queue(&f.workers[first], 5);
+        assert_eq!(
+            pick(&f, &chat(&long), None),
+            Decision::new(first, Reason::PrefixHit)
+        );
+    }
+
+    /// Without a capacity limit, distinct prefixes still spread within the
+    /// footprint bound ((1 + ε) × mean, ε = 0.25): 32 equal prefixes over 4
+    /// workers, at most 10 on any.
+    #[test]
+    fn new_prefixes_keep_footprints_within_the_bound() {
+        let f = fixture("prefix", "");
+        for w in &f.workers {
+            set_queue(w, 0);
+        }
+        let mut per = [0; 4];
+        for k in 0..32 {
+            let text = format!("{k:04}{}", "q".repeat(10 * 256 - 4));
+            let d = pick(&f, &chat(&text), None);
+            assert_eq!(d.reason, Reason::NewPrefix);
+            per[d.index] += 1;
+        }
+        assert!(per.iter().all(|&n| n <= 10), "{per:?}");
+    }
+
+    /// The index's capacity follows the engine's capacity at the measured bytes
+    /// per token: text that tokenises at 8 bytes per token fits twice the blocks
+    /// the configured 4 would allow, so the index does not forget prompts the
+    /// engine still holds.
+    #[test]
+    fn index_capacity_uses_the_measured_bytes_per_token() {
+        let f = fixture("prefix", "");
+        let w = &f.workers[0];
+        let scrape = |tokens: u64| {
+            let text = format!("vllm:num_requests_running 0\nvllm:prompt_tokens_total {tokens}\nvllm:cache_config_info{{num_gpu_blocks=\"64\",block_size=\"16\"}} 1\n");
+            let mark = w.state.stats.mark();
+            w.state
+                .stats
+                .store_marked(&parse_metrics(&text), now_ms(), mark);
+        };
+        scrape(1);
+        // 1,024 KV tokens at 4 bytes per token: 16 blocks of 256 bytes.
+        assert_eq!(f.policy.capacity_blocks(w), 16);
+        let mut g = w.begin(
+            None,
+            RequestSize {
+                bytes: 8 * 16_384,
+                tokens: 16_384,
+                prefill_tokens: 16_384,
+            },
+        );
+        g.first_token();
+        drop(g);
+        scrape(16_385);
+        assert_eq!(w.state.stats.bytes_per_token(), Some(8.0));
+        assert_eq!(f.policy.capacity_blocks(w), 32);
     }
 
     #[test]

@@ -70,6 +70,21 @@ struct Ring {
     q: Mutex<VecDeque<(u64, u32)>>,
     /// Items ever pushed; the low 20 bits are the next item's sequence.
     pushed: AtomicU64,
+    /// Blocks the map currently attributes to this worker.
+    live: AtomicU64,
+}
+
+/// Every worker's footprint in the index: the blocks attributed to it.
+pub struct Footprints(arc_swap::Guard<Arc<Vec<Arc<Ring>>>>);
+
+impl Footprints {
+    /// Blocks attributed to the worker in `slot` (0 for an unknown slot).
+    pub fn get(&self, slot: u16) -> u64 {
+        (slot as usize)
+            .checked_sub(1)
+            .and_then(|i| self.0.get(i))
+            .map_or(0, |r| r.live.load(Ordering::Relaxed))
+    }
 }
 
 /// Size of the index, for gauges and benches.
@@ -134,6 +149,7 @@ impl PrefixIndex {
                 rings.push(Arc::new(Ring {
                     q: Mutex::new(VecDeque::new()),
                     pushed: AtomicU64::new(0),
+                    live: AtomicU64::new(0),
                 }));
                 let s = rings.len() as u16;
                 slots.insert(id.clone(), s);
@@ -206,6 +222,7 @@ impl PrefixIndex {
                     *p = pack(slot, seq);
                     push = true;
                     self.pairs.fetch_add(1, Ordering::Relaxed);
+                    ring.live.fetch_add(1, Ordering::Relaxed);
                 } else {
                     // Full: replace the replica that has been idle longest on its worker.
                     let oldest = pairs
@@ -216,8 +233,12 @@ impl PrefixIndex {
                                 .map_or(u32::MAX, |r| age(r.pushed.load(Ordering::Relaxed), **p))
                         })
                         .expect("REPLICAS > 0");
+                    if let Some(r) = rings.get(slot_of(*oldest) as usize - 1) {
+                        r.live.fetch_sub(1, Ordering::Relaxed);
+                    }
                     *oldest = pack(slot, seq);
                     push = true;
+                    ring.live.fetch_add(1, Ordering::Relaxed);
                     self.evictions.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -239,6 +260,9 @@ impl PrefixIndex {
                 *p = 0;
                 self.pairs.fetch_sub(1, Ordering::Relaxed);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
+                if let Some(r) = self.ring(slot_of(pair)) {
+                    r.live.fetch_sub(1, Ordering::Relaxed);
+                }
             }
             pairs.iter().all(|p| *p == 0)
         });
@@ -251,6 +275,16 @@ impl PrefixIndex {
             self.remove_pair(h, pack(slot, seq as u64));
         }
         q.shrink_to_fit();
+    }
+
+    /// Blocks the index attributes to the worker in `slot` (0 for an unknown slot).
+    pub fn live(&self, slot: u16) -> u64 {
+        self.footprints().get(slot)
+    }
+
+    /// A view of every worker's footprint (blocks attributed to it), loaded once.
+    pub fn footprints(&self) -> Footprints {
+        Footprints(self.rings.load())
     }
 
     /// For each worker holding `blocks[0]`, how many leading blocks it holds.
@@ -311,16 +345,30 @@ impl PrefixIndex {
     #[doc(hidden)]
     pub fn check(&self) -> Result<(), String> {
         let mut pairs = 0;
+        let mut per_slot: HashMap<u16, u64> = HashMap::new();
         for e in self.map.iter() {
             let n = e.value().iter().filter(|p| **p != 0).count();
             if n == 0 {
                 return Err(format!("empty entry {:x}", e.key()));
+            }
+            for p in e.value().iter().filter(|p| **p != 0) {
+                *per_slot.entry(slot_of(*p)).or_default() += 1;
             }
             pairs += n as u64;
         }
         let counted = self.pairs.load(Ordering::Relaxed);
         if pairs != counted {
             return Err(format!("map holds {pairs} pairs, counter says {counted}"));
+        }
+        for (i, r) in self.rings.load().iter().enumerate() {
+            let slot = i as u16 + 1;
+            let (held, live) = (
+                per_slot.get(&slot).copied().unwrap_or(0),
+                r.live.load(Ordering::Relaxed),
+            );
+            if held != live {
+                return Err(format!("slot {slot} holds {held} blocks, live says {live}"));
+            }
         }
         Ok(())
     }

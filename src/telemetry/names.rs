@@ -39,6 +39,7 @@ pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
+pub const REQUEST_CAUSED_FAILURES_TOTAL: &str = "switchyard_request_caused_failures_total";
 pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
@@ -146,6 +147,10 @@ pub fn describe() {
     describe_counter!(
         LAST_RESORT_RETRIES_TOTAL,
         "Retries sent to an already-tried or cooling-down worker because no untried available worker was left."
+    );
+    describe_counter!(
+        REQUEST_CAUSED_FAILURES_TOTAL,
+        "Requests whose failure repeated on a second worker (same status, reset or timeout): taken as the request's own, not charged to worker health."
     );
     describe_counter!(
         FALLBACKS_TOTAL,
