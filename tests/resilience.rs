@@ -504,3 +504,52 @@ async fn last_resort_prefers_a_worker_that_answered() {
     assert_eq!(got[1] + got[2], 18, "{got:?}");
     gw.shutdown().await;
 }
+
+/// Among the workers a last-resort retry may use, the one failing least for
+/// everybody else goes first: with three workers answering 500 and one of them
+/// already failing other requests, the fourth attempt never goes back to it.
+#[tokio::test]
+async fn last_resort_prefers_the_worker_failing_least() {
+    let s = sims(3, 20.0).await;
+    for w in &s {
+        w.set_faults(Faults {
+            error_rate: 1.0,
+            error_status: 500,
+            ..Default::default()
+        });
+    }
+    let model = sim_model();
+    let u = urls(&s);
+    let gw = gateway(&format!(
+        "[health]\ninterval_ms = 0\neject_after_failures = 1000\n{}",
+        pool_toml(
+            &model,
+            &[&u[0], &u[1], &u[2]],
+            "max_attempts = 4\nretry_budget_min = 100"
+        )
+        .replace("name = \"p\"", "name = \"fewest\"")
+    ))
+    .await;
+    let snap = gw.gateway.registry.snapshot();
+    let failing = snap.workers().find(|w| *w.id == u[0]).unwrap();
+    failing
+        .state
+        .health
+        .consecutive_failures
+        .store(2, std::sync::atomic::Ordering::Relaxed);
+    for _ in 0..6 {
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&chat(&model, false, 2))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 500);
+    }
+    let got: Vec<u64> = s.iter().map(|s| s.requests_received()).collect();
+    assert_eq!(
+        got[0], 6,
+        "the failing worker was tried once per request: {got:?}"
+    );
+    gw.shutdown().await;
+}

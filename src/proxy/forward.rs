@@ -9,7 +9,7 @@ use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
 use crate::pool::admission::{Priority, QueueError};
 use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Role, Worker};
-use crate::routing::{Reason, RouteRequest};
+use crate::routing::{Decision, Policy, Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
@@ -217,19 +217,14 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     // just failed) or cooling down after a 429 — better than failing a
                     // request that another attempt could still save. Preferably one
                     // that answered this request (a 5xx may not repeat) over one whose
-                    // connection broke or hung.
+                    // connection broke or hung, and among those the one failing least
+                    // for everybody else right now.
                     _ => match (attempt > 0)
                         .then(|| {
-                            policy
-                                .pick(&rreq, &route.workers, &|i| {
-                                    last_resort(route, i, &tried, skip_prefill, &rreq)
-                                        && !blame.broke(i)
-                                })
-                                .or_else(|| {
-                                    policy.pick(&rreq, &route.workers, &|i| {
-                                        last_resort(route, i, &tried, skip_prefill, &rreq)
-                                    })
-                                })
+                            let ok = |i: usize| last_resort(route, i, &tried, skip_prefill, &rreq);
+                            let answered = |i: usize| ok(i) && !blame.broke(i);
+                            pick_fewest_failures(policy, &rreq, route, &answered)
+                                .or_else(|| pick_fewest_failures(policy, &rreq, route, &ok))
                         })
                         .flatten()
                     {
@@ -624,6 +619,28 @@ fn last_resort(
         && tried.last() != Some(&i)
         && !(skip_prefill && w.role == Role::Prefill)
         && rreq.allows(w)
+}
+
+/// The policy's pick among the workers `ok` admits that have the fewest
+/// consecutive failures (as charged so far).
+fn pick_fewest_failures(
+    policy: &dyn Policy,
+    req: &RouteRequest<'_>,
+    route: &ModelRoute,
+    ok: &dyn Fn(usize) -> bool,
+) -> Option<Decision> {
+    let failures = |i: usize| {
+        route.workers[i]
+            .state
+            .health
+            .consecutive_failures
+            .load(Ordering::Relaxed)
+    };
+    let fewest = (0..route.workers.len())
+        .filter(|&i| ok(i))
+        .map(failures)
+        .min()?;
+    policy.pick(req, &route.workers, &|i| ok(i) && failures(i) == fewest)
 }
 
 /// Jittered exponential backoff before retry number `attempt` (1-based).
