@@ -1,39 +1,120 @@
-//! The pooled upstream HTTP client (hyper-util, keep-alive, HTTP/1.1 and HTTP/2).
-//! `https://` workers (external providers) go through rustls with the `ring`
-//! provider, trusting the webpki roots plus any CA files the config names.
+//! The pooled upstream HTTP client, keep-alive, HTTP/1.1 and HTTP/2.
+//!
+//! Plain `http://` workers (the engines of a fleet: the hot path) go through
+//! hyper's own HTTP/1 connections in a small pool per thread: a request is
+//! written on a connection owned by the thread serving it, and nothing else
+//! (no pool lock, no task per request, no host formatting) is in the way.
+//! `https://` workers (external providers) go through hyper-util's pooled client
+//! and rustls with the `ring` provider, trusting the webpki roots plus any CA
+//! files the config names.
 
 use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{header, HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::{Client, ResponseFuture};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Request bodies are kept whole (`Bytes`) so an attempt can be replayed.
 pub type UpstreamBody = Full<Bytes>;
 
 type Inner = Client<HttpsConnector<HttpConnector>, UpstreamBody>;
 
+/// Idle HTTP/1 connections kept per upstream and thread; more are closed.
+const MAX_IDLE_PER_UPSTREAM: usize = 512;
+/// An idle HTTP/1 connection unused this long is closed rather than reused.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// Connection pools owned by this thread ([`UpstreamClient::pin_to_thread`]),
+    /// hyper-util pools owned by this thread ([`UpstreamClient::pin_to_thread`]),
     /// keyed by client id. Usually empty or one entry.
     static THREAD_POOLS: RefCell<Vec<(u64, Inner)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's HTTP/1 connections, per client id and upstream.
+    static H1_POOLS: RefCell<Vec<H1Pool>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Cheap to clone; all clones share one connection pool, except on threads that
-/// took their own with [`UpstreamClient::pin_to_thread`].
+/// One upstream's connections on one thread. Connections stay listed while they
+/// carry a request; one is reused when hyper says it is ready for another.
+struct H1Pool {
+    client: u64,
+    authority: Authority,
+    conns: Vec<(http1::SendRequest<UpstreamBody>, Instant)>,
+}
+
+/// Why an upstream request failed: the connection could not be made, or the
+/// request failed on it.
+#[derive(Debug)]
+pub struct UpstreamError {
+    connect: bool,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl UpstreamError {
+    /// The connection could not be established (nothing was sent).
+    pub fn is_connect(&self) -> bool {
+        self.connect
+    }
+
+    fn connect(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        UpstreamError {
+            connect: true,
+            source: e.into(),
+        }
+    }
+
+    fn request(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        UpstreamError {
+            connect: false,
+            source: e.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for UpstreamError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.connect {
+            "connect error"
+        } else {
+            "request failed"
+        })
+    }
+}
+
+impl std::error::Error for UpstreamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+impl From<hyper_util::client::legacy::Error> for UpstreamError {
+    fn from(e: hyper_util::client::legacy::Error) -> Self {
+        UpstreamError {
+            connect: e.is_connect(),
+            source: Box::new(e),
+        }
+    }
+}
+
+/// Cheap to clone; clones share their connections (per thread for `http://`
+/// upstreams; one hyper-util pool for `https://` ones, except on threads that
+/// took their own with [`UpstreamClient::pin_to_thread`]).
 #[derive(Clone)]
 pub struct UpstreamClient {
     id: u64,
+    connect_timeout: Duration,
     connector: HttpsConnector<HttpConnector>,
     inner: Inner,
 }
@@ -71,15 +152,17 @@ impl UpstreamClient {
             .wrap_connector(http);
         Ok(UpstreamClient {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            connect_timeout,
             inner: build(connector.clone()),
             connector,
         })
     }
 
-    /// Give the calling thread a connection pool of its own for this client.
-    /// Thread-per-core serving calls it on each serving thread, so a request and
-    /// the upstream connection carrying it live on one thread's runtime and no
-    /// wake-up crosses threads. Other threads keep using the shared pool.
+    /// Give the calling thread a hyper-util pool of its own for this client's
+    /// `https://` upstreams. Thread-per-core serving calls it on each serving
+    /// thread, so a request and the upstream connection carrying it live on one
+    /// thread's runtime and no wake-up crosses threads. (`http://` upstreams
+    /// always use per-thread connections.)
     pub fn pin_to_thread(&self) {
         THREAD_POOLS.with(|p| {
             let mut p = p.borrow_mut();
@@ -89,11 +172,146 @@ impl UpstreamClient {
         });
     }
 
-    pub fn request(&self, req: http::Request<UpstreamBody>) -> ResponseFuture {
-        THREAD_POOLS.with(|p| match p.borrow().iter().find(|(id, _)| *id == self.id) {
+    /// Send `req` (absolute URI) and wait for the response head. Dropping the
+    /// future, or the response body before its end, closes the connection, which
+    /// is how an engine learns to abort the request.
+    pub async fn request(
+        &self,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        if req.uri().scheme() == Some(&Scheme::HTTP) {
+            if let Some(authority) = req.uri().authority().cloned() {
+                return self.request_h1(req, authority).await;
+            }
+        }
+        let fut = THREAD_POOLS.with(|p| match p.borrow().iter().find(|(id, _)| *id == self.id) {
             Some((_, own)) => own.request(req),
             None => self.inner.request(req),
+        });
+        Ok(fut.await?)
+    }
+
+    /// A plain-HTTP request on one of this thread's connections to `authority`,
+    /// or on a new one. A request a reused connection never wrote (it closed
+    /// under us) is sent again on a new connection.
+    async fn request_h1(
+        &self,
+        mut req: Request<UpstreamBody>,
+        authority: Authority,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let host = HeaderValue::from_str(authority.as_str()).map_err(UpstreamError::request)?;
+        req.headers_mut().insert(header::HOST, host);
+        let origin = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .map_or_else(|| Uri::from_static("/"), Uri::from);
+        *req.uri_mut() = origin;
+        if let Some(mut tx) = self.checkout(&authority) {
+            let sent = tx.try_send_request(req);
+            self.checkin(&authority, tx);
+            match sent.await {
+                Ok(resp) => return Ok(resp),
+                Err(mut e) => match e.take_message() {
+                    Some(r) => req = r,
+                    None => return Err(UpstreamError::request(e.into_error())),
+                },
+            }
+        }
+        let mut tx = self.connect(&authority).await?;
+        let sent = tx.send_request(req);
+        self.checkin(&authority, tx);
+        sent.await.map_err(UpstreamError::request)
+    }
+
+    /// A ready idle connection to `authority` on this thread, if any. Closed and
+    /// long-idle connections are dropped on the way.
+    fn checkout(&self, authority: &Authority) -> Option<http1::SendRequest<UpstreamBody>> {
+        H1_POOLS.with(|p| {
+            let mut pools = p.borrow_mut();
+            let pool = pools
+                .iter_mut()
+                .find(|p| p.client == self.id && p.authority == *authority)?;
+            let now = Instant::now();
+            let mut i = pool.conns.len();
+            while i > 0 {
+                i -= 1;
+                let (tx, since) = &pool.conns[i];
+                if tx.is_closed() || (tx.is_ready() && now - *since > IDLE_TIMEOUT) {
+                    pool.conns.swap_remove(i);
+                } else if tx.is_ready() {
+                    return Some(pool.conns.swap_remove(i).0);
+                }
+            }
+            None
         })
+    }
+
+    /// List a connection that just took a request; it is reused once ready.
+    fn checkin(&self, authority: &Authority, tx: http1::SendRequest<UpstreamBody>) {
+        H1_POOLS.with(|p| {
+            let mut pools = p.borrow_mut();
+            let pool = match pools
+                .iter()
+                .position(|p| p.client == self.id && p.authority == *authority)
+            {
+                Some(i) => &mut pools[i],
+                None => {
+                    pools.push(H1Pool {
+                        client: self.id,
+                        authority: authority.clone(),
+                        conns: Vec::new(),
+                    });
+                    pools.last_mut().expect("just pushed")
+                }
+            };
+            if pool.conns.len() < MAX_IDLE_PER_UPSTREAM {
+                pool.conns.push((tx, Instant::now()));
+            }
+        })
+    }
+
+    /// Open a new HTTP/1 connection (within the connect timeout) and drive it in
+    /// a task of its own.
+    async fn connect(
+        &self,
+        authority: &Authority,
+    ) -> Result<http1::SendRequest<UpstreamBody>, UpstreamError> {
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        let port = authority.port_u16().unwrap_or(80);
+        let stream = match tokio::time::timeout(
+            self.connect_timeout,
+            tokio::net::TcpStream::connect((host, port)),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(UpstreamError::connect(e)),
+            Err(_) => {
+                return Err(UpstreamError::connect(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "connect to {authority} timed out after {:?}",
+                        self.connect_timeout
+                    ),
+                )))
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let _ = socket2::SockRef::from(&stream)
+            .set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(Duration::from_secs(60)));
+        let (tx, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(UpstreamError::connect)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection closed with an error");
+            }
+        });
+        Ok(tx)
     }
 }
 

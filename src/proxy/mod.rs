@@ -9,7 +9,7 @@ mod headers;
 pub mod observe;
 pub mod retry_budget;
 
-pub use client::{UpstreamBody, UpstreamClient};
+pub use client::{UpstreamBody, UpstreamClient, UpstreamError};
 pub use error::GatewayError;
 pub use forward::{forward, ForwardContext, POLICY_HEADER, ROUTE_HEADER, SESSION_HEADER};
 
