@@ -243,6 +243,12 @@ impl PrefixIndex {
                 }
             }
             if push {
+                if q.len() == q.capacity() && q.len() < cap {
+                    // Grow by a quarter, exactly: doubling would leave up to half
+                    // of a full ring's buffer unused.
+                    let len = q.len();
+                    q.reserve_exact((len / 4).max(64).min(cap - len));
+                }
                 q.push_back((h, seq as u32 & SEQ_MASK));
                 ring.pushed.fetch_add(1, Ordering::Relaxed);
             }
