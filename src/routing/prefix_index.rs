@@ -243,11 +243,12 @@ impl PrefixIndex {
                 }
             }
             if push {
-                if q.len() == q.capacity() && q.len() < cap {
+                if q.len() == q.capacity() && q.len() <= cap {
                     // Grow by a quarter, exactly: doubling would leave up to half
-                    // of a full ring's buffer unused.
+                    // of a full ring's buffer unused. A full ring briefly holds
+                    // cap + 1 items (push, then evict), so that is its size.
                     let len = q.len();
-                    q.reserve_exact((len / 4).max(64).min(cap - len));
+                    q.reserve_exact((len / 4).max(64).min(cap + 1 - len));
                 }
                 q.push_back((h, seq as u32 & SEQ_MASK));
                 ring.pushed.fetch_add(1, Ordering::Relaxed);
@@ -327,9 +328,15 @@ impl PrefixIndex {
     }
 
     pub fn memory(&self) -> IndexMemory {
-        let bucket = (std::mem::size_of::<(u64, Pairs)>() + 1) as u64;
-        // hashbrown keeps 1/8 of its buckets free.
-        let map_bytes = self.map.capacity() as u64 * 8 / 7 * bucket;
+        // The buckets each shard has allocated (a control byte each), not its
+        // capacity: deleted slots lower hashbrown's capacity but not its memory.
+        let bucket = (std::mem::size_of::<(u64, dashmap::SharedValue<Pairs>)>() + 1) as u64;
+        let map_bytes: u64 = self
+            .map
+            .shards()
+            .iter()
+            .map(|s| s.read().buckets() as u64 * bucket)
+            .sum();
         let ring_bytes: u64 = self
             .rings
             .load()
@@ -463,6 +470,40 @@ mod tests {
         let per = m.bytes as f64 / m.entries as f64;
         eprintln!("prefix index: {per:.1} bytes per tracked block ({m:?})");
         assert!(per <= 100.0, "{per:.1} bytes per block ({m:?})");
+    }
+
+    /// An index turned over again and again (every insert a new block, every
+    /// one evicting an old one) reaches a size and stays there: deleted slots
+    /// are reused, rings do not outgrow their capacity.
+    #[test]
+    fn memory_stops_growing_under_churn() {
+        let ix = PrefixIndex::new(1 << 15);
+        let slots = ix.set_workers(&ids(8));
+        let mut h = 0u64;
+        let mut turnover = |ix: &PrefixIndex| {
+            for _ in 0..(1 << 15) / 8 {
+                for &s in &slots {
+                    h = h.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                    ix.insert(s, &[h], 1 << 12);
+                }
+            }
+        };
+        for _ in 0..16 {
+            turnover(&ix);
+        }
+        let settled = ix.memory();
+        for _ in 0..16 {
+            turnover(&ix);
+        }
+        let later = ix.memory();
+        eprintln!(
+            "after 16 turnovers {:.1}, after 32 {:.1} bytes per block",
+            settled.bytes as f64 / settled.entries as f64,
+            later.bytes as f64 / later.entries as f64
+        );
+        assert_eq!(later.pairs, 1 << 15);
+        assert_eq!(later.bytes, settled.bytes, "{settled:?} -> {later:?}");
+        assert_eq!(ix.check(), Ok(()));
     }
 
     proptest! {
