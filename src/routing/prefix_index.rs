@@ -3,7 +3,8 @@
 //! * `map`: block hash → up to [`REPLICAS`] packed `(worker slot, ring sequence)`
 //!   pairs, in a sharded `DashMap` (no global lock; the key is already a hash, so
 //!   the map only mixes it with one multiply).
-//! * one ring per worker: the (block, sequence) pairs in insertion order, bounded
+//! * one ring per worker: the block hashes in insertion order (an item's sequence
+//!   follows from its position), bounded
 //!   by the worker's capacity; popping the front evicts the pair unless it was
 //!   refreshed since (then the front item is a stale duplicate and is dropped).
 //!   This is an approximate LRU: a block used again after half a ring's worth of
@@ -20,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 /// Most workers remembered per block (a hot prefix replicated further is still
 /// routed well: spilled requests land on the next rendezvous choice).
-pub const REPLICAS: usize = 4;
+pub const REPLICAS: usize = 3;
 /// Largest worker slot (12 bits); workers beyond it are not indexed.
 pub const MAX_SLOTS: usize = (1 << SLOT_BITS) - 1;
 /// Largest per-worker capacity (blocks): sequences are 20-bit and compared by
@@ -32,6 +33,38 @@ const SEQ_BITS: u32 = 32 - SLOT_BITS;
 const SEQ_MASK: u32 = (1 << SEQ_BITS) - 1;
 
 type Pairs = [u32; REPLICAS];
+
+/// A ring item: a block hash (its sequence follows from its position).
+type RingItem = u64;
+
+/// A block hash as the map's key. Aligned to 4 bytes, so a map entry (key and
+/// pairs) takes 20 bytes instead of 24: the index's memory is mostly map buckets.
+#[derive(Clone, Copy)]
+#[repr(C, packed(4))]
+struct Key(u64);
+
+impl Key {
+    #[inline]
+    fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl PartialEq for Key {
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.get());
+    }
+}
 
 #[inline]
 fn pack(slot: u16, seq: u64) -> u32 {
@@ -67,11 +100,26 @@ impl Hasher for MixHasher {
 }
 
 struct Ring {
-    q: Mutex<VecDeque<(u64, u32)>>,
+    /// Block hashes in the order they were pushed. Sequences are not stored:
+    /// the front item's is `pushed - len` ([`Ring::pop_oldest`]).
+    q: Mutex<VecDeque<RingItem>>,
     /// Items ever pushed; the low 20 bits are the next item's sequence.
     pushed: AtomicU64,
     /// Blocks the map currently attributes to this worker.
     live: AtomicU64,
+}
+
+impl Ring {
+    /// Remove the oldest item of `q` (this ring's queue, locked by the caller)
+    /// with its sequence: items are pushed in sequence order, so the front's is
+    /// the count pushed minus those still queued.
+    fn pop_oldest(&self, q: &mut VecDeque<RingItem>) -> Option<(u64, u64)> {
+        let seq = self
+            .pushed
+            .load(Ordering::Relaxed)
+            .wrapping_sub(q.len() as u64);
+        q.pop_front().map(|h| (h, seq))
+    }
 }
 
 /// Every worker's footprint in the index: the blocks attributed to it.
@@ -102,7 +150,7 @@ pub struct IndexMemory {
 /// One pool's prefix index; lives in the registry, outside snapshots, so it
 /// survives rebuilds.
 pub struct PrefixIndex {
-    map: DashMap<u64, Pairs, BuildHasherDefault<MixHasher>>,
+    map: DashMap<Key, Pairs, BuildHasherDefault<MixHasher>>,
     /// Ring of slot `s` at position `s - 1`.
     rings: ArcSwap<Vec<Arc<Ring>>>,
     slots: Mutex<HashMap<Arc<str>, u16>>,
@@ -170,8 +218,8 @@ impl PrefixIndex {
         for (i, ring) in self.rings.load().iter().enumerate() {
             let mut q = ring.q.lock().expect("ring poisoned");
             while q.len() > share {
-                let (h, seq) = q.pop_front().expect("len > share");
-                self.remove_pair(h, pack(i as u16 + 1, seq as u64));
+                let (h, seq) = ring.pop_oldest(&mut q).expect("len > share");
+                self.remove_pair(h, pack(i as u16 + 1, seq));
             }
         }
         out
@@ -211,7 +259,7 @@ impl PrefixIndex {
             let seq = ring.pushed.load(Ordering::Relaxed);
             let mut push = false;
             {
-                let mut e = self.map.entry(h).or_insert([0; REPLICAS]);
+                let mut e = self.map.entry(Key(h)).or_insert([0; REPLICAS]);
                 let pairs = e.value_mut();
                 if let Some(p) = pairs.iter_mut().find(|p| **p != 0 && slot_of(**p) == slot) {
                     if age(seq, *p) >= refresh_after {
@@ -250,19 +298,19 @@ impl PrefixIndex {
                     let len = q.len();
                     q.reserve_exact((len / 4).max(64).min(cap + 1 - len));
                 }
-                q.push_back((h, seq as u32 & SEQ_MASK));
+                q.push_back(h);
                 ring.pushed.fetch_add(1, Ordering::Relaxed);
             }
             while q.len() > cap {
-                let (old, oseq) = q.pop_front().expect("len > cap >= 1");
-                self.remove_pair(old, pack(slot, oseq as u64));
+                let (old, oseq) = ring.pop_oldest(&mut q).expect("len > cap >= 1");
+                self.remove_pair(old, pack(slot, oseq));
             }
         }
     }
 
     fn remove_pair(&self, h: u64, pair: u32) {
         // One map access: clear the pair, and drop the entry if it is now empty.
-        self.map.remove_if_mut(&h, |_, pairs| {
+        self.map.remove_if_mut(&Key(h), |_, pairs| {
             if let Some(p) = pairs.iter_mut().find(|p| **p == pair) {
                 *p = 0;
                 self.pairs.fetch_sub(1, Ordering::Relaxed);
@@ -278,8 +326,8 @@ impl PrefixIndex {
     fn clear_slot(&self, slot: u16) {
         let Some(ring) = self.ring(slot) else { return };
         let mut q = ring.q.lock().expect("ring poisoned");
-        while let Some((h, seq)) = q.pop_front() {
-            self.remove_pair(h, pack(slot, seq as u64));
+        while let Some((h, seq)) = ring.pop_oldest(&mut q) {
+            self.remove_pair(h, pack(slot, seq));
         }
         q.shrink_to_fit();
     }
@@ -300,7 +348,7 @@ impl PrefixIndex {
         let Some(first) = blocks.first() else {
             return 0;
         };
-        let n = match self.map.get(first) {
+        let n = match self.map.get(&Key(*first)) {
             None => return 0,
             Some(e) => {
                 let mut n = 0;
@@ -312,7 +360,9 @@ impl PrefixIndex {
             }
         };
         for (depth, h) in blocks.iter().enumerate().skip(1) {
-            let Some(e) = self.map.get(h) else { break };
+            let Some(e) = self.map.get(&Key(*h)) else {
+                break;
+            };
             let mut any = false;
             for o in out[..n].iter_mut() {
                 if o.1 as usize == depth && e.iter().any(|&p| p != 0 && slot_of(p) == o.0) {
@@ -330,7 +380,7 @@ impl PrefixIndex {
     pub fn memory(&self) -> IndexMemory {
         // The buckets each shard has allocated (a control byte each), not its
         // capacity: deleted slots lower hashbrown's capacity but not its memory.
-        let bucket = (std::mem::size_of::<(u64, dashmap::SharedValue<Pairs>)>() + 1) as u64;
+        let bucket = (std::mem::size_of::<(Key, dashmap::SharedValue<Pairs>)>() + 1) as u64;
         let map_bytes: u64 = self
             .map
             .shards()
@@ -343,7 +393,7 @@ impl PrefixIndex {
             .iter()
             .map(|r| {
                 r.q.lock().map_or(0, |q| q.capacity()) as u64
-                    * std::mem::size_of::<(u64, u32)>() as u64
+                    * std::mem::size_of::<RingItem>() as u64
             })
             .sum();
         IndexMemory {
@@ -362,7 +412,7 @@ impl PrefixIndex {
         for e in self.map.iter() {
             let n = e.value().iter().filter(|p| **p != 0).count();
             if n == 0 {
-                return Err(format!("empty entry {:x}", e.key()));
+                return Err(format!("empty entry {:x}", e.key().get()));
             }
             for p in e.value().iter().filter(|p| **p != 0) {
                 *per_slot.entry(slot_of(*p)).or_default() += 1;
@@ -472,6 +522,16 @@ mod tests {
         assert!(per <= 100.0, "{per:.1} bytes per block ({m:?})");
     }
 
+    /// The index's memory is mostly map entries and ring items: keep them small.
+    #[test]
+    fn entries_take_20_bytes_and_ring_items_8() {
+        assert_eq!(
+            std::mem::size_of::<(Key, dashmap::SharedValue<Pairs>)>(),
+            20
+        );
+        assert_eq!(std::mem::size_of::<RingItem>(), 8);
+    }
+
     /// An index turned over again and again (every insert a new block, every
     /// one evicting an old one) reaches a size and stays there: deleted slots
     /// are reused, rings do not outgrow their capacity.
@@ -503,6 +563,9 @@ mod tests {
         );
         assert_eq!(later.pairs, 1 << 15);
         assert_eq!(later.bytes, settled.bytes, "{settled:?} -> {later:?}");
+        // The default cap (a power of two) at its worst: 4 buckets per entry.
+        let per = later.bytes as f64 / later.entries as f64;
+        assert!(per <= 100.0, "{per:.1} bytes per block ({later:?})");
         assert_eq!(ix.check(), Ok(()));
     }
 
