@@ -253,18 +253,6 @@ async fn wait_for_urls(gw: &switchyard::server::ServerHandle, want: &[String], w
     .await;
 }
 
-async fn chat_status(url: &str, model: &str) -> u16 {
-    client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&json!({"model": model, "max_tokens": 2,
-                      "messages": [{"role": "user", "content": "k8s"}]}))
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
-}
-
 /// A Ready pod becomes a routable worker with its labels mapped; a not-ready pod
 /// (and a pod outside the label selector) does not.
 #[tokio::test]

@@ -4,7 +4,7 @@
 mod support;
 
 use std::sync::{Arc, Mutex};
-use support::{client, gateway, metric_sum, pool_toml, scrape};
+use support::{chat_status, gateway, metric_sum, pool_toml, scrape};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -75,26 +75,25 @@ async fn raw_worker(close_after_each: bool) -> (String, Arc<Mutex<Vec<usize>>>) 
     (url, chats)
 }
 
-async fn chat(gw: &str) -> u16 {
-    client()
-        .post(format!("{gw}/v1/chat/completions"))
-        .body(r#"{"model":"raw","messages":[{"role":"user","content":"hi"}]}"#)
-        .send()
-        .await
-        .unwrap()
-        .status()
-        .as_u16()
+/// A gateway over one raw worker, after `n` sequential chat requests (each
+/// checked to succeed); the worker's URL and, per request, its connection.
+async fn after_requests(
+    close_after_each: bool,
+    n: usize,
+) -> (switchyard::server::ServerHandle, String, Vec<usize>) {
+    let (url, chats) = raw_worker(close_after_each).await;
+    let gw = gateway(&pool_toml("raw", &[url.as_str()], "")).await;
+    for _ in 0..n {
+        assert_eq!(chat_status(&gw.url(), "raw").await, 200);
+    }
+    let conns = chats.lock().unwrap().clone();
+    assert_eq!(conns.len(), n);
+    (gw, url, conns)
 }
 
 #[tokio::test]
 async fn sequential_requests_reuse_one_upstream_connection() {
-    let (url, chats) = raw_worker(false).await;
-    let gw = gateway(&pool_toml("raw", &[url.as_str()], "")).await;
-    for _ in 0..20 {
-        assert_eq!(chat(&gw.url()).await, 200);
-    }
-    let conns = chats.lock().unwrap().clone();
-    assert_eq!(conns.len(), 20);
+    let (gw, _, conns) = after_requests(false, 20).await;
     assert!(
         conns.iter().all(|&c| c == conns[0]),
         "requests spread over connections {conns:?}"
@@ -104,12 +103,7 @@ async fn sequential_requests_reuse_one_upstream_connection() {
 
 #[tokio::test]
 async fn a_connection_the_worker_closed_is_not_a_failure() {
-    let (url, chats) = raw_worker(true).await;
-    let gw = gateway(&pool_toml("raw", &[url.as_str()], "")).await;
-    for _ in 0..10 {
-        assert_eq!(chat(&gw.url()).await, 200);
-    }
-    let conns = chats.lock().unwrap().clone();
+    let (gw, url, conns) = after_requests(true, 10).await;
     let mut distinct = conns.clone();
     distinct.dedup();
     assert_eq!(distinct.len(), 10, "the worker closed every connection");

@@ -49,6 +49,9 @@ pub fn hash_blocks(text: &[u8], seed: u64, block_bytes: usize) -> Vec<u64> {
 /// A configured pipeline (see the module docs).
 pub struct Pipeline {
     name: &'static str,
+    /// The `prefix` preset: pick by estimated time to first token
+    /// ([`Pipeline::pick_prefix`]) rather than by weighted scores.
+    first_token_cost: bool,
     scorers: Vec<(ScorerKind, f64)>,
     bounded: bool,
     headroom: bool,
@@ -166,6 +169,7 @@ impl Pipeline {
             .collect();
         Pipeline {
             name,
+            first_token_cost: ctx.kind == PolicyKind::Prefix,
             scorers,
             bounded,
             headroom,
@@ -417,7 +421,7 @@ impl Pipeline {
                 }
             }
         }
-        if self.name == "prefix" {
+        if self.first_token_cost {
             return self.pick_prefix(req, workers, cands, key, blocks.len(), max_depth, mean);
         }
 

@@ -79,6 +79,19 @@ pub fn metric_sum(text: &str, name: &str, want: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// POST a short chat completion for `model` to the gateway at `url`; its status.
+pub async fn chat_status(url: &str, model: &str) -> u16 {
+    client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&serde_json::json!({"model": model, "max_tokens": 2,
+                                  "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
 pub async fn scrape(url: &str) -> String {
     client()
         .get(format!("{url}/metrics"))
