@@ -6,6 +6,10 @@ Measures, side by side and interleaved over several rounds:
   direct      load generator -> upstream (nginx `return 200 '<json>'`)
   nginx       load generator -> nginx reverse proxy (keepalive upstream) -> upstream
   switchyard  load generator -> switchyard -> upstream
+  bare-hyper  load generator -> examples/bare_proxy -> upstream: the same HTTP stack
+              (hyper server and client connections, thread-per-core tokio) doing
+              nothing else, so switchyard minus bare-hyper is the gateway's own work
+              (when BARE_BIN or target/release/examples/bare_proxy exists)
   (PEERS=1: sglang-router, vllm-router, when their packages are installed)
 
 For each round and target: concurrency 1 for DURATION s (latency p50/p99) and
@@ -43,6 +47,7 @@ WARMUP = float(os.environ.get("WARMUP", "1"))
 PEERS = os.environ.get("PEERS", "0") == "1"
 OUT_DIR = Path(os.environ.get("OUT_DIR", str(ROOT / "bench-out")))
 SWITCHYARD = os.environ.get("SWITCHYARD_BIN", str(ROOT / "target/release/switchyard"))
+BARE = os.environ.get("BARE_BIN", str(ROOT / "target/release/examples/bare_proxy"))
 NCPU = os.cpu_count() or 1
 PROXY_WORKERS = int(os.environ.get("PROXY_WORKERS", str(NCPU)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -391,6 +396,15 @@ def run(tmp: Path) -> int:
         ("nginx", px_url, proxy),
         ("switchyard", gw_url, gateway),
     ]
+    if os.access(BARE, os.X_OK):
+        bare_port = free_port()
+        bp = spawn("bare-hyper", [BARE, f"127.0.0.1:{bare_port}", f"127.0.0.1:{up_port}"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        bare_url = f"http://127.0.0.1:{bare_port}"
+        wait_ready(bare_url + "/v1/models", bp, "bare-hyper")
+        targets.append(("bare-hyper", bare_url, Proc("bare-hyper", bp, [bp.pid])))
+    else:
+        log(f"{BARE} not built: no bare-hyper baseline (cargo build --release --example bare_proxy)")
     if PEERS:
         for name in ("sglang-router", "vllm-router"):
             url, proc = start_peer(name, [up_url])
@@ -496,7 +510,8 @@ def plot(table, path: Path) -> None:
         return
     rows = [t for t in table if t["target"] != "direct"]
     names = [t["target"] for t in rows]
-    colors = ["#2b8a3e" if n == "switchyard" else "#868e96" for n in names]
+    colors = ["#2b8a3e" if n == "switchyard" else "#a5d8a2" if n == "bare-hyper" else "#868e96"
+              for n in names]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     panels = [("added_p50", "added latency p50, c=1 (µs)\nlower is better"),
               ("ratio", f"throughput at c={CONC} / direct\nhigher is better"),

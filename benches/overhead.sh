@@ -34,6 +34,11 @@ export SWITCHYARD_BIN="${SWITCHYARD_BIN:-$PWD/target/release/switchyard}"
 if [[ ! -x "$SWITCHYARD_BIN" ]]; then
   cargo build --release
 fi
+# The bare-hyper baseline (same HTTP stack, no gateway work); skipped if it cannot build.
+export BARE_BIN="${BARE_BIN:-$PWD/target/release/examples/bare_proxy}"
+if [[ ! -x "$BARE_BIN" ]]; then
+  cargo build --release --example bare_proxy || echo "bare_proxy did not build: no bare-hyper baseline" >&2
+fi
 
 if [[ "${PEERS:-0}" == 1 ]]; then
   venv=bench-out/peers-venv

@@ -146,7 +146,10 @@ async fn session_sticks_and_override_is_honoured_only_when_allowed() {
     let (_, policy, reason) = chat(
         &url,
         &conversation("s", "q"),
-        &[("x-session-id", "abc"), (POLICY_HEADER, "round_robin")],
+        &[
+            ("x-session-id", "abc"),
+            (POLICY_HEADER.as_str(), "round_robin"),
+        ],
     )
     .await;
     assert_eq!(
@@ -159,7 +162,7 @@ async fn session_sticks_and_override_is_honoured_only_when_allowed() {
     let (_, policy, _) = chat(
         &gw.url(),
         &conversation("s", "q"),
-        &[(POLICY_HEADER, "round_robin")],
+        &[(POLICY_HEADER.as_str(), "round_robin")],
     )
     .await;
     assert_eq!(policy, "session", "override ignored when not allowed");

@@ -34,6 +34,8 @@ pub struct Worker {
     pub id: Arc<str>,
     pub scheme: http::uri::Scheme,
     pub authority: http::uri::Authority,
+    /// `authority` as a `Host` header value, built once.
+    pub host: http::HeaderValue,
     /// Path prefix before `/v1/...`, without trailing slash (usually empty).
     pub path_prefix: Arc<str>,
     pub labels: BTreeMap<String, String>,
@@ -87,6 +89,8 @@ impl Worker {
         let parts = uri.into_parts();
         let scheme = parts.scheme.ok_or_else(|| format!("{url}: no scheme"))?;
         let authority = parts.authority.ok_or_else(|| format!("{url}: no host"))?;
+        let host =
+            http::HeaderValue::from_str(authority.as_str()).map_err(|e| format!("{url}: {e}"))?;
         let prefix = parts
             .path_and_query
             .map(|p| p.path().trim_end_matches('/').to_string())
@@ -95,6 +99,7 @@ impl Worker {
             id: Arc::from(url),
             scheme,
             authority,
+            host,
             path_prefix: Arc::from(prefix),
             role: Role::from_label(labels.get("role").map(String::as_str)),
             region: None,

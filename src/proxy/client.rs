@@ -191,9 +191,8 @@ impl UpstreamClient {
         Ok(fut.await?)
     }
 
-    /// A plain-HTTP request on one of this thread's connections to `authority`,
-    /// or on a new one. A request a reused connection never wrote (it closed
-    /// under us) is sent again on a new connection.
+    /// A plain-HTTP request with an absolute URI: put in origin form with a
+    /// `Host` header, then [`Self::request_origin`].
     async fn request_h1(
         &self,
         mut req: Request<UpstreamBody>,
@@ -207,9 +206,23 @@ impl UpstreamClient {
             .cloned()
             .map_or_else(|| Uri::from_static("/"), Uri::from);
         *req.uri_mut() = origin;
-        if let Some(mut tx) = self.checkout(&authority) {
+        self.request_origin(&authority, req).await
+    }
+
+    /// A plain-HTTP request to `authority` whose URI is already in origin form
+    /// and whose `Host` header is set (the proxy's hot path builds both from
+    /// values the worker keeps, rather than parsing an absolute URI back), on
+    /// one of this thread's connections to `authority` or on a new one. A
+    /// request a reused connection never wrote (it closed under us) is sent
+    /// again on a new connection.
+    pub async fn request_origin(
+        &self,
+        authority: &Authority,
+        mut req: Request<UpstreamBody>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        if let Some(mut tx) = self.checkout(authority) {
             let sent = tx.try_send_request(req);
-            self.checkin(&authority, tx);
+            self.checkin(authority, tx);
             match sent.await {
                 Ok(resp) => return Ok(resp),
                 Err(mut e) => match e.take_message() {
@@ -218,9 +231,9 @@ impl UpstreamClient {
                 },
             }
         }
-        let mut tx = self.connect(&authority).await?;
+        let mut tx = self.connect(authority).await?;
         let sent = tx.send_request(req);
-        self.checkin(&authority, tx);
+        self.checkin(authority, tx);
         sent.await.map_err(UpstreamError::request)
     }
 
@@ -244,6 +257,22 @@ impl UpstreamClient {
                 }
             }
             None
+        })
+    }
+
+    /// Close this thread's idle connections unused for [`IDLE_TIMEOUT`] and
+    /// forget closed ones, so connections to upstreams no longer routed to do
+    /// not linger. Thread-per-core serving calls it once a tick.
+    pub fn sweep_idle_connections() {
+        H1_POOLS.with(|p| {
+            let mut pools = p.borrow_mut();
+            let now = Instant::now();
+            for pool in pools.iter_mut() {
+                pool.conns.retain(|(tx, since)| {
+                    !(tx.is_closed() || (tx.is_ready() && now - *since > IDLE_TIMEOUT))
+                });
+            }
+            pools.retain(|pool| !pool.conns.is_empty());
         })
     }
 

@@ -14,9 +14,12 @@ use crate::telemetry;
 use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
 use crate::telemetry::RequestTags;
+
+/// The request id header, propagated or made at the edge and set upstream.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 use axum::body::Body;
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -27,14 +30,14 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Header carrying the session id used by session-affine routing.
-pub const SESSION_HEADER: &str = "x-session-id";
+pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
 /// Header selecting the queueing priority class (`high`, `normal`, `low`).
-pub const PRIORITY_HEADER: &str = "x-switchyard-priority";
+pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-switchyard-priority");
 /// Debug header naming the chosen worker and the reason.
-pub const ROUTE_HEADER: &str = "x-switchyard-route";
+pub const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-switchyard-route");
 /// Request header naming a policy to use instead of the pool's (honoured only when
 /// the pool sets `allow_policy_override`).
-pub const POLICY_HEADER: &str = "x-switchyard-policy";
+pub const POLICY_HEADER: HeaderName = HeaderName::from_static("x-switchyard-policy");
 
 impl ForwardContext<'_> {
     pub(crate) fn route_request(&self) -> RouteRequest<'_> {
@@ -494,7 +497,7 @@ pub(crate) async fn send_attempt(
         .first_byte
         .min(deadline.saturating_duration_since(Instant::now()));
     let sent = Instant::now();
-    let result = tokio::time::timeout(wait, ctx.client.request(upstream_req)).await;
+    let result = tokio::time::timeout(wait, send_prepared(ctx.client, worker, upstream_req)).await;
     ctx.tags.add_waited(sent.elapsed());
     let attempt = ctx.tags.add_attempt();
     if ctx.tags.tracing() {
@@ -675,30 +678,40 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// Build the upstream request: same method, path and body; hop-by-hop headers
 /// dropped; client credentials dropped unless the pool passes them; pool key injected.
+/// For `http://` workers the URI is in origin form with the worker's `Host`
+/// (see [`send_prepared`]); for others it is absolute.
 fn prepare(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
     body: Bytes,
     attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
+    let plain = worker.scheme == http::uri::Scheme::HTTP;
     let pq = ctx
         .parts
         .uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    let uri = if worker.path_prefix.is_empty() {
-        Uri::builder()
-            .scheme(worker.scheme.clone())
-            .authority(worker.authority.clone())
-            .path_and_query(pq)
-            .build()
+    let uri = if plain && worker.path_prefix.is_empty() {
+        // Origin form for `request_origin`; the path is the client's, shared.
+        Ok(ctx
+            .parts
+            .uri
+            .path_and_query()
+            .cloned()
+            .map_or_else(|| Uri::from_static("/"), Uri::from))
+    } else if plain {
+        format!("{}{}", worker.path_prefix, pq)
+            .parse::<Uri>()
+            .map_err(|e| e.to_string())
     } else {
         Uri::builder()
             .scheme(worker.scheme.clone())
             .authority(worker.authority.clone())
             .path_and_query(format!("{}{}", worker.path_prefix, pq))
             .build()
+            .map_err(|e| e.to_string())
     }
     .map_err(|e| GatewayError::UpstreamFailed {
         worker: worker.id.clone(),
@@ -706,7 +719,11 @@ fn prepare(
     })?;
     let mut headers = ctx.parts.headers.clone();
     strip_hop_by_hop(&mut headers);
-    headers.remove(header::HOST);
+    if plain {
+        headers.insert(header::HOST, worker.host.clone());
+    } else {
+        headers.remove(header::HOST);
+    }
     headers.remove(header::CONTENT_LENGTH);
     let pool = &ctx.route.pool;
     if !pool.config.pass_client_auth {
@@ -715,13 +732,27 @@ fn prepare(
     if let Some(auth) = &pool.upstream_auth {
         headers.insert(header::AUTHORIZATION, auth.clone());
     }
-    headers.insert("x-request-id", ctx.request_id.clone());
+    headers.insert(REQUEST_ID_HEADER, ctx.request_id.clone());
     headers.insert(TRACEPARENT, ctx.tags.trace.upstream_header(attempt_span));
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
     Ok(req)
+}
+
+/// Send a request built by [`prepare`]: origin form on this thread's HTTP/1
+/// connections for `http://` workers, the absolute URI otherwise.
+async fn send_prepared(
+    client: &UpstreamClient,
+    worker: &Worker,
+    req: Request<UpstreamBody>,
+) -> Result<Response<Incoming>, super::UpstreamError> {
+    if worker.scheme == http::uri::Scheme::HTTP {
+        client.request_origin(&worker.authority, req).await
+    } else {
+        client.request(req).await
+    }
 }
 
 /// Wrap the upstream response for the client: hop-by-hop headers dropped, body

@@ -22,6 +22,11 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 
 /// Remove hop-by-hop headers, including any the `Connection` header names.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the few names first: most messages carry none of them, and
+    // looking each listed name up by hash costs more than this scan.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -32,18 +37,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in named {
         headers.remove(n);
     }
-    if HOP_BY_HOP.iter().any(|h| headers.contains_key(h))
-        || headers.contains_key("keep-alive")
-        || headers.contains_key("proxy-connection")
-    {
-        let keys: Vec<HeaderName> = headers
-            .keys()
-            .filter(|k| is_hop_by_hop(k))
-            .cloned()
-            .collect();
-        for k in keys {
-            headers.remove(k);
-        }
+    let keys: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| is_hop_by_hop(k))
+        .cloned()
+        .collect();
+    for k in keys {
+        headers.remove(k);
     }
 }
 
@@ -59,11 +59,30 @@ mod tests {
             "keep-alive, x-secret-hop".parse().unwrap(),
         );
         h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("proxy-connection", "keep-alive".parse().unwrap());
         h.insert("x-secret-hop", "1".parse().unwrap());
         h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
         h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn a_connection_header_alone_is_stripped_with_what_it_names() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "x-hop".parse().unwrap());
+        h.insert("x-hop", "1".parse().unwrap());
+        h.insert(header::ACCEPT, "*/*".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        // Nothing hop-by-hop: left exactly as it was.
+        let mut clean = HeaderMap::new();
+        clean.insert(header::ACCEPT, "*/*".parse().unwrap());
+        clean.append("x-custom", "a".parse().unwrap());
+        clean.append("x-custom", "b".parse().unwrap());
+        let before = clean.clone();
+        strip_hop_by_hop(&mut clean);
+        assert_eq!(clean, before);
     }
 }

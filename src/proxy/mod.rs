@@ -11,7 +11,9 @@ pub mod retry_budget;
 
 pub use client::{UpstreamBody, UpstreamClient, UpstreamError};
 pub use error::GatewayError;
-pub use forward::{forward, ForwardContext, POLICY_HEADER, ROUTE_HEADER, SESSION_HEADER};
+pub use forward::{
+    forward, ForwardContext, POLICY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER, SESSION_HEADER,
+};
 
 /// The body with `model` replaced, for pools whose upstream knows the model under
 /// another name (external providers); unchanged (no copy) otherwise.

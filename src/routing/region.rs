@@ -36,7 +36,8 @@ use std::sync::Arc;
 
 /// Request header restricting the regions a request may be served in: a residency
 /// zone (`[residency]`), a declared region, or a comma-separated list of regions.
-pub const RESIDENCY_HEADER: &str = "x-switchyard-residency";
+pub const RESIDENCY_HEADER: http::HeaderName =
+    http::HeaderName::from_static("x-switchyard-residency");
 
 /// The residency of one request: the tenant's (if any) narrowed by the
 /// `x-switchyard-residency` header (if any) — a header can narrow a tenant's

@@ -5,7 +5,7 @@ use http::{HeaderMap, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
-pub const HEADER: &str = "x-request-id";
+pub use crate::proxy::REQUEST_ID_HEADER as HEADER;
 const MAX_LEN: usize = 128;
 
 static PREFIX: LazyLock<u32> = LazyLock::new(rand::random);

@@ -23,7 +23,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-pub const TRACEPARENT: &str = "traceparent";
+pub const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 /// Largest batch of spans in one export request.
 const MAX_BATCH: usize = 512;
 
@@ -118,13 +118,21 @@ impl TraceContext {
                 return v.clone();
             }
         }
-        let v = format!(
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id,
-            attempt_span,
-            u8::from(self.sampled)
-        );
-        HeaderValue::from_str(&v).expect("hex is a valid header value")
+        // `00-{trace:032x}-{span:016x}-{flags:02x}`, by hand: once per attempt.
+        let mut buf = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        hex_into(&mut buf[3..35], self.trace_id);
+        hex_into(&mut buf[36..52], u128::from(attempt_span));
+        hex_into(&mut buf[53..55], u128::from(u8::from(self.sampled)));
+        HeaderValue::from_bytes(&buf).expect("hex is a valid header value")
+    }
+}
+
+/// Lower-case hex of the low `out.len()` nibbles of `v`, most significant first.
+fn hex_into(out: &mut [u8], mut v: u128) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in out.iter_mut().rev() {
+        *b = HEX[(v & 0xf) as usize];
+        v >>= 4;
     }
 }
 

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Header naming the tenant, honoured only with `tenancy.trust_tenant_header`.
-pub const TENANT_HEADER: &str = "x-switchyard-tenant";
+pub const TENANT_HEADER: http::HeaderName = http::HeaderName::from_static("x-switchyard-tenant");
 /// Longest tenant name accepted from the header.
 const MAX_HEADER_TENANT: usize = 64;
 
@@ -157,16 +157,16 @@ mod tests {
 
     #[test]
     fn the_tenant_header_is_honoured_only_when_trusted() {
-        let h = headers(&[(TENANT_HEADER, "team-7")]);
+        let h = headers(&[(TENANT_HEADER.as_str(), "team-7")]);
         assert_eq!(&*tenancy(false).resolve(&h).name, ANONYMOUS_TENANT);
         assert_eq!(&*tenancy(true).resolve(&h).name, "team-7");
         // A key wins over the header; odd header values are ignored.
         let both = headers(&[
-            (TENANT_HEADER, "team-7"),
+            (TENANT_HEADER.as_str(), "team-7"),
             ("authorization", "Bearer sk-acme-123"),
         ]);
         assert_eq!(&*tenancy(true).resolve(&both).name, "acme");
-        let odd = headers(&[(TENANT_HEADER, "a b")]);
+        let odd = headers(&[(TENANT_HEADER.as_str(), "a b")]);
         assert_eq!(&*tenancy(true).resolve(&odd).name, ANONYMOUS_TENANT);
     }
 }
