@@ -7,18 +7,24 @@ use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
 use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
-use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, StatusCode};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Any inference endpoint: read the body, inspect it, route and forward.
-pub async fn proxy(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+///
+/// Generic over the request body so the hot path can hand hyper's body over as it
+/// is, without boxing it into axum's.
+pub async fn proxy<B>(State(gw): State<Arc<Gateway>>, req: http::Request<B>) -> Response
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
@@ -196,11 +202,17 @@ fn known_residencies(g: &crate::config::GlobalConfig) -> String {
     }
 }
 
-async fn read_body(
-    body: Body,
+/// The whole request body, at most `limit` bytes. A body that arrives in one
+/// frame (the usual case) is returned as that frame, without a copy.
+async fn read_body<B>(
+    body: B,
     headers: &http::HeaderMap,
     limit: usize,
-) -> Result<Bytes, GatewayError> {
+) -> Result<Bytes, GatewayError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -208,13 +220,35 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(GatewayError::BodyTooLarge(limit));
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(GatewayError::BodyTooLarge(limit))
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut more: Option<BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| GatewayError::BodyRead(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers: nothing to forward in a JSON request
+        };
+        len += data.len();
+        if len > limit {
+            return Err(GatewayError::BodyTooLarge(limit));
         }
-        Err(e) => Err(GatewayError::BodyRead(e.to_string())),
+        if let Some(buf) = more.as_mut() {
+            buf.extend_from_slice(&data);
+        } else if let Some(head) = first.take() {
+            let want = declared.map_or(len, |n| n as usize).max(len);
+            let mut buf = BytesMut::with_capacity(want);
+            buf.extend_from_slice(&head);
+            buf.extend_from_slice(&data);
+            more = Some(buf);
+        } else {
+            first = Some(data);
+        }
     }
+    Ok(match more {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 /// `GET /v1/models`: every model name and alias the gateway serves.

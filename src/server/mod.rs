@@ -116,10 +116,13 @@ impl Gateway {
 /// The client-facing routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
     Router::new()
-        .route("/v1/chat/completions", post(handlers::proxy))
-        .route("/v1/completions", post(handlers::proxy))
-        .route("/v1/embeddings", post(handlers::proxy))
-        .route("/v1/responses", post(handlers::proxy))
+        .route(
+            "/v1/chat/completions",
+            post(handlers::proxy::<axum::body::Body>),
+        )
+        .route("/v1/completions", post(handlers::proxy::<axum::body::Body>))
+        .route("/v1/embeddings", post(handlers::proxy::<axum::body::Body>))
+        .route("/v1/responses", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/models", get(handlers::models))
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
@@ -151,9 +154,7 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {
             let gw = self.gw.clone();
-            Box::pin(async move {
-                Ok(handlers::proxy(axum::extract::State(gw), req.map(axum::body::Body::new)).await)
-            })
+            Box::pin(async move { Ok(handlers::proxy(axum::extract::State(gw), req).await) })
         } else {
             Box::pin(self.app.call(req))
         }
