@@ -15,7 +15,6 @@ use hyper::client::conn::http1 as client_h1;
 use hyper::server::conn::http1 as server_h1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use socket2::{Domain, Protocol, Socket, Type};
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -31,19 +30,13 @@ fn main() -> std::io::Result<()> {
     let listen: SocketAddr = listen.parse().map_err(std::io::Error::other)?;
     let upstream: SocketAddr = upstream.parse().map_err(std::io::Error::other)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let mut handles = Vec::new();
-    let mut addr = listen;
-    for _ in 0..threads {
-        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        s.set_reuse_address(true)?;
-        s.set_reuse_port(true)?;
-        s.set_nonblocking(true)?;
-        s.bind(&addr.into())?;
-        s.listen(4096)?;
-        let l: std::net::TcpListener = s.into();
-        addr = l.local_addr()?;
-        handles.push(std::thread::spawn(move || serve(l, upstream)));
-    }
+    // The gateway's own SO_REUSEPORT binding, one listener per thread.
+    let listeners = switchyard::server::shards::bind(listen, threads)?;
+    let addr = listeners[0].local_addr()?;
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .map(|l| std::thread::spawn(move || serve(l, upstream)))
+        .collect();
     println!("bare_proxy ready url=http://{addr}");
     for h in handles {
         let _ = h.join();
