@@ -358,3 +358,56 @@ fn load_pem(path: &Path) -> std::io::Result<Vec<CertificateDer<'static>>> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Connections this thread keeps, over every pool.
+    fn pooled() -> usize {
+        H1_POOLS.with(|p| p.borrow().iter().map(|p| p.conns.len()).sum())
+    }
+
+    #[tokio::test]
+    async fn the_sweep_forgets_connections_the_upstream_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority: Authority = listener.local_addr().unwrap().to_string().parse().unwrap();
+        // Answer one request, then close the connection.
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut chunk = [0u8; 1024];
+                let n = sock.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "client closed before sending a request");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+        });
+        let client = UpstreamClient::new(Duration::from_secs(5), &[]).unwrap();
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = Uri::from_static("/v1/models");
+        req.headers_mut()
+            .insert(header::HOST, HeaderValue::from_str(authority.as_str()).unwrap());
+        let resp = client.request_origin(&authority, req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        drop(resp);
+        assert_eq!(pooled(), 1, "the connection is kept for reuse");
+        // The connection task sees the close on its own schedule: sweep until it
+        // has (bounded), then the pool is empty.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                UpstreamClient::sweep_idle_connections();
+                if pooled() == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a closed connection stays pooled after sweeps");
+    }
+}
