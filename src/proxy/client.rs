@@ -390,8 +390,10 @@ mod tests {
         let client = UpstreamClient::new(Duration::from_secs(5), &[]).unwrap();
         let mut req = Request::new(Full::new(Bytes::new()));
         *req.uri_mut() = Uri::from_static("/v1/models");
-        req.headers_mut()
-            .insert(header::HOST, HeaderValue::from_str(authority.as_str()).unwrap());
+        req.headers_mut().insert(
+            header::HOST,
+            HeaderValue::from_str(authority.as_str()).unwrap(),
+        );
         let resp = client.request_origin(&authority, req).await.unwrap();
         assert_eq!(resp.status(), 200);
         drop(resp);
