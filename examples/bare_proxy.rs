@@ -2,8 +2,9 @@
 //! built from the same parts (hyper HTTP/1 server and client connections, one
 //! current-thread tokio runtime per CPU on `SO_REUSEPORT` listeners, a
 //! per-thread keep-alive pool) that does nothing else: no parsing, routing,
-//! metrics or timeouts. `benches/overhead.py` runs it next to the gateway
-//! (`BARE=1`), so the gap between the two is what the gateway's own work costs.
+//! metrics or timeouts. `benches/overhead.py` runs it next to the gateway (when
+//! it is built; `BARE_BIN` names another path), so the gap between the two is
+//! what the gateway's own work costs.
 //!
 //!   cargo run --release --example bare_proxy -- 127.0.0.1:8081 127.0.0.1:8000
 

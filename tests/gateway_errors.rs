@@ -72,6 +72,19 @@ async fn client_errors() {
     );
     let (s, _) = post(&url, reqwest::Body::wrap_stream(stream)).await;
     assert_eq!(s, 413);
+    // A chunked body under the limit arrives in several frames and is forwarded whole.
+    let fits = format!(r#"{{"model":"scripted","prompt":"{}"}}"#, "y".repeat(700));
+    let stream = futures_util::stream::iter(
+        fits.clone()
+            .into_bytes()
+            .chunks(100)
+            .map(|c| Ok::<_, std::io::Error>(c.to_vec()))
+            .collect::<Vec<_>>(),
+    );
+    let (s, _) = post(&url, reqwest::Body::wrap_stream(stream)).await;
+    assert_eq!(s, 200);
+    let sent: serde_json::Value = serde_json::from_str(&fits).unwrap();
+    assert_eq!(up.recorded.lock().unwrap().bodies.last(), Some(&sent));
 
     // An alias routes; an unknown path is a 404 in OpenAI shape.
     let (s, _) = post(&url, r#"{"model":"alias-a","messages":[]}"#).await;

@@ -109,6 +109,11 @@ impl Worker {
         })
     }
 
+    /// A plain `http://` worker: served over this thread's HTTP/1 connections.
+    pub fn is_plain_http(&self) -> bool {
+        self.scheme == http::uri::Scheme::HTTP
+    }
+
     /// Eligible for new requests: not ejected, not draining, not cooling down after a 429.
     pub fn is_available(&self) -> bool {
         self.state.healthy.load(Ordering::Relaxed)

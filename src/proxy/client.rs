@@ -200,12 +200,7 @@ impl UpstreamClient {
     ) -> Result<Response<Incoming>, UpstreamError> {
         let host = HeaderValue::from_str(authority.as_str()).map_err(UpstreamError::request)?;
         req.headers_mut().insert(header::HOST, host);
-        let origin = req
-            .uri()
-            .path_and_query()
-            .cloned()
-            .map_or_else(|| Uri::from_static("/"), Uri::from);
-        *req.uri_mut() = origin;
+        *req.uri_mut() = origin_form(req.uri());
         self.request_origin(&authority, req).await
     }
 
@@ -342,6 +337,13 @@ impl UpstreamClient {
         });
         Ok(tx)
     }
+}
+
+/// `uri`'s path and query alone (origin form), `/` if it has none.
+pub(crate) fn origin_form(uri: &Uri) -> Uri {
+    uri.path_and_query()
+        .cloned()
+        .map_or_else(|| Uri::from_static("/"), Uri::from)
 }
 
 fn build(connector: HttpsConnector<HttpConnector>) -> Inner {

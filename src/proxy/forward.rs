@@ -1,7 +1,7 @@
 //! The forwarding phases for one request: select → prepare → send → on response.
 //! Retries go to a different worker, only while nothing has reached the client.
 
-use super::client::{UpstreamBody, UpstreamClient};
+use super::client::{origin_form, UpstreamBody, UpstreamClient};
 use super::error::GatewayError;
 use super::headers::strip_hop_by_hop;
 use super::observe::{ObserveParams, ObservedBody};
@@ -14,9 +14,6 @@ use crate::telemetry;
 use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
 use crate::telemetry::RequestTags;
-
-/// The request id header, propagated or made at the edge and set upstream.
-pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -29,6 +26,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
 
+/// The request id header, propagated or made at the edge and set upstream.
+pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 /// Header carrying the session id used by session-affine routing.
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
 /// Header selecting the queueing priority class (`high`, `normal`, `low`).
@@ -686,7 +685,7 @@ fn prepare(
     body: Bytes,
     attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
-    let plain = worker.scheme == http::uri::Scheme::HTTP;
+    let plain = worker.is_plain_http();
     let pq = ctx
         .parts
         .uri
@@ -695,12 +694,7 @@ fn prepare(
         .unwrap_or("/");
     let uri = if plain && worker.path_prefix.is_empty() {
         // Origin form for `request_origin`; the path is the client's, shared.
-        Ok(ctx
-            .parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .map_or_else(|| Uri::from_static("/"), Uri::from))
+        Ok(origin_form(&ctx.parts.uri))
     } else if plain {
         format!("{}{}", worker.path_prefix, pq)
             .parse::<Uri>()
@@ -748,7 +742,7 @@ async fn send_prepared(
     worker: &Worker,
     req: Request<UpstreamBody>,
 ) -> Result<Response<Incoming>, super::UpstreamError> {
-    if worker.scheme == http::uri::Scheme::HTTP {
+    if worker.is_plain_http() {
         client.request_origin(&worker.authority, req).await
     } else {
         client.request(req).await

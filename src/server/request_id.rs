@@ -1,6 +1,7 @@
 //! Request ids: the client's `x-request-id` when it is sane, else a fresh one
 //! (a per-process random prefix plus a counter: unique, and no syscall per request).
 
+use crate::telemetry::trace::hex_into;
 use http::{HeaderMap, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
@@ -24,18 +25,9 @@ pub fn get_or_make(headers: &HeaderMap) -> HeaderValue {
     // `sy-{prefix:08x}-{n:012x}`, written by hand: this runs for every request and
     // `format!` costs more than the rest of the id.
     let mut buf = *b"sy-00000000-000000000000";
-    hex_into(&mut buf[3..11], u64::from(*PREFIX));
-    hex_into(&mut buf[12..24], n);
+    hex_into(&mut buf[3..11], u128::from(*PREFIX));
+    hex_into(&mut buf[12..24], u128::from(n));
     HeaderValue::from_bytes(&buf).expect("hex is a valid header")
-}
-
-/// Lower-case hex of the low `out.len()` nibbles of `v`, most significant first.
-fn hex_into(out: &mut [u8], mut v: u64) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in out.iter_mut().rev() {
-        *b = HEX[(v & 0xf) as usize];
-        v >>= 4;
-    }
 }
 
 #[cfg(test)]

@@ -97,10 +97,11 @@ const TICK: Duration = Duration::from_secs(1);
 ///
 /// The tick also keeps the runtime's timer wheel from being empty. tokio wakes a
 /// parked runtime through its eventfd whenever a timer is armed earlier than the
-/// driver's next wake-up, and with no timer pending that is every timer: each
-/// request arms several (header read, first byte, idle), which cost one extra
-/// `write` and one extra `epoll_wait` per request. With this tick pending, every
-/// deadline at least a tick away is armed without waking anything.
+/// driver's next wake-up. With no timer pending, the deadlines a request arms
+/// (header read, first byte, idle) did that once per request when the thread had
+/// been idle: a `write` to the eventfd and a needless event-loop turn. With this
+/// tick pending, every deadline at least a tick away is armed without waking
+/// anything.
 async fn housekeeping() {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

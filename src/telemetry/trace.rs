@@ -127,8 +127,9 @@ impl TraceContext {
     }
 }
 
-/// Lower-case hex of the low `out.len()` nibbles of `v`, most significant first.
-fn hex_into(out: &mut [u8], mut v: u128) {
+/// Lower-case hex of the low `out.len()` nibbles of `v`, most significant first
+/// (ids written on the request path, where `format!` costs more than the id).
+pub(crate) fn hex_into(out: &mut [u8], mut v: u128) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     for b in out.iter_mut().rev() {
         *b = HEX[(v & 0xf) as usize];
