@@ -440,7 +440,7 @@ impl Registry {
                             model_label.clone(),
                             pool_label.clone(),
                             SharedString::from(w.id.clone()),
-                            SharedString::from(region.to_string()),
+                            crate::telemetry::labels::shared(region),
                         ))
                     })
                     .collect();

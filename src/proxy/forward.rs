@@ -3,7 +3,7 @@
 
 use super::client::{origin_form, UpstreamBody, UpstreamClient};
 use super::error::GatewayError;
-use super::headers::strip_hop_by_hop;
+use super::headers::{forwardable, strip_hop_by_hop};
 use super::observe::{ObserveParams, ObservedBody};
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
@@ -22,6 +22,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use metrics::counter;
 use metrics::SharedString;
+use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -170,7 +171,8 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         }
         None => &*route.policy,
     };
-    let mut tried: Vec<usize> = Vec::new();
+    // Workers tried so far: a few, kept inline.
+    let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
     let mut last_err: Option<GatewayError> = None;
     // Failed attempts as `worker=outcome`, logged when the request fails (only
     // allocated on failures).
@@ -711,17 +713,22 @@ fn prepare(
         worker: worker.id.clone(),
         detail: format!("bad upstream URI: {e}"),
     })?;
-    let mut headers = ctx.parts.headers.clone();
-    strip_hop_by_hop(&mut headers);
+    let pool = &ctx.route.pool;
+    let pass_auth = pool.config.pass_client_auth;
+    // The client's Content-Length is kept when the body is forwarded as it came
+    // (hyper would otherwise format a new one); a rewritten body gets hyper's.
+    let same_length = {
+        let mut cl = ctx.parts.headers.get_all(header::CONTENT_LENGTH).iter();
+        matches!((cl.next(), cl.next()), (Some(v), None)
+            if v.to_str().ok().and_then(|s| s.parse::<usize>().ok()) == Some(body.len()))
+    };
+    let mut headers = forwardable(&ctx.parts.headers, 3, |n| {
+        n == header::HOST
+            || (n == header::CONTENT_LENGTH && !same_length)
+            || (n == header::AUTHORIZATION && !pass_auth)
+    });
     if plain {
         headers.insert(header::HOST, worker.host.clone());
-    } else {
-        headers.remove(header::HOST);
-    }
-    headers.remove(header::CONTENT_LENGTH);
-    let pool = &ctx.route.pool;
-    if !pool.config.pass_client_auth {
-        headers.remove(header::AUTHORIZATION);
     }
     if let Some(auth) = &pool.upstream_auth {
         headers.insert(header::AUTHORIZATION, auth.clone());

@@ -1,7 +1,7 @@
 //! Header rules at the proxy boundary: hop-by-hop headers never cross, client
 //! credentials cross only when the pool allows it.
 
-use http::header::{self, HeaderMap, HeaderName};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1) plus proxy credentials.
 const HOP_BY_HOP: &[HeaderName] = &[
@@ -27,29 +27,75 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
-        headers.remove(n);
+    // Without collecting into vectors or building names: this runs on every
+    // upstream response that says `Connection: keep-alive`.
+    match headers.get_all(header::CONNECTION).iter().count() {
+        0 => {}
+        1 => {
+            if let Some(v) = headers.remove(header::CONNECTION) {
+                remove_listed(headers, &v);
+            }
+        }
+        _ => {
+            let values: Vec<HeaderValue> = headers
+                .get_all(header::CONNECTION)
+                .iter()
+                .cloned()
+                .collect();
+            headers.remove(header::CONNECTION);
+            for v in &values {
+                remove_listed(headers, v);
+            }
+        }
     }
-    let keys: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| is_hop_by_hop(k))
-        .cloned()
-        .collect();
-    for k in keys {
+    while let Some(k) = headers.keys().find(|k| is_hop_by_hop(k)).cloned() {
         headers.remove(k);
+    }
+}
+
+/// A copy of `src` without its hop-by-hop headers and without those `drop` names,
+/// with room for `extra` more. Building the copy costs the same as a clone but
+/// leaves room for the headers the caller adds, so inserting them does not grow it.
+pub fn forwardable(src: &HeaderMap, extra: usize, drop: impl Fn(&HeaderName) -> bool) -> HeaderMap {
+    let mut out = HeaderMap::with_capacity(src.keys_len() + extra);
+    for (name, value) in src {
+        if !is_hop_by_hop(name) && !drop(name) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    for v in src.get_all(header::CONNECTION) {
+        remove_listed(&mut out, v);
+    }
+    out
+}
+
+/// Remove the headers a `Connection` value lists. A `&str` name is looked up
+/// case-insensitively without allocating; one that is not a valid name matches nothing.
+fn remove_listed(headers: &mut HeaderMap, connection: &HeaderValue) {
+    let Ok(v) = connection.to_str() else { return };
+    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        headers.remove(name);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_forwardable_copy_drops_hop_by_hop_listed_and_chosen_names() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "x-hop".parse().unwrap());
+        h.insert("x-hop", "1".parse().unwrap());
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        h.insert(header::AUTHORIZATION, "Bearer s".parse().unwrap());
+        h.append("x-multi", "a".parse().unwrap());
+        h.append("x-multi", "b".parse().unwrap());
+        let out = forwardable(&h, 2, |n| n == header::AUTHORIZATION);
+        assert_eq!(out.len(), 2, "{out:?}");
+        let multi: Vec<_> = out.get_all("x-multi").iter().collect();
+        assert_eq!(multi, ["a", "b"]);
+    }
 
     #[test]
     fn strips_hop_by_hop_and_connection_named() {
@@ -76,6 +122,15 @@ mod tests {
         h.insert(header::ACCEPT, "*/*".parse().unwrap());
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
+        // Several `Connection` headers, names in any case: all of them listed go.
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, "X-One".parse().unwrap());
+        h.append(header::CONNECTION, "x-two, ,bad name".parse().unwrap());
+        h.insert("x-one", "1".parse().unwrap());
+        h.insert("x-two", "2".parse().unwrap());
+        h.insert(header::ACCEPT, "*/*".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
         // Nothing hop-by-hop: left exactly as it was.
         let mut clean = HeaderMap::new();
         clean.insert(header::ACCEPT, "*/*".parse().unwrap());

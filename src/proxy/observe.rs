@@ -88,29 +88,21 @@ struct Observer {
     usage: Option<Usage>,
     /// Partial SSE line carried to the next chunk.
     line: Vec<u8>,
-    /// Last bytes of a non-SSE body.
-    tail: Vec<u8>,
+    /// The end of a non-SSE body, where `usage` is.
+    tail: Tail,
     outcome: Option<Outcome>,
 }
 
 impl Observer {
-    fn on_data(&mut self, chunk: &[u8], now: Instant) {
+    fn on_data(&mut self, chunk: &Bytes, now: Instant) {
         self.response_bytes += chunk.len() as u64;
         if !self.p.sse {
             // A whole answer is arriving: the prefill is long done.
             self.p.guard.first_token();
-            if chunk.len() >= TAIL_BYTES {
-                self.tail.clear();
-                self.tail
-                    .extend_from_slice(&chunk[chunk.len() - TAIL_BYTES..]);
-            } else {
-                let over = (self.tail.len() + chunk.len()).saturating_sub(TAIL_BYTES);
-                self.tail.drain(..over);
-                self.tail.extend_from_slice(chunk);
-            }
+            self.tail.push(chunk);
             return;
         }
-        let mut rest = chunk;
+        let mut rest = &chunk[..];
         if !self.line.is_empty() {
             match memchr::memchr(b'\n', rest) {
                 None => {
@@ -174,13 +166,47 @@ impl Observer {
 
     fn on_end(&mut self) {
         if !self.p.sse {
-            if let Some(pos) = memmem::rfind(&self.tail, b"\"usage\":") {
-                self.usage = parse_usage(&self.tail[pos + 8..]);
-            }
+            self.usage = self.tail.usage();
         } else if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
             self.on_line(&line, Instant::now());
         }
+    }
+}
+
+/// The last `TAIL_BYTES` of a body: the latest chunk, shared rather than copied,
+/// and the bytes before it, copied only when the body comes in several chunks.
+#[derive(Default)]
+struct Tail {
+    last: Bytes,
+    before: Vec<u8>,
+}
+
+impl Tail {
+    fn push(&mut self, chunk: &Bytes) {
+        if chunk.len() >= TAIL_BYTES {
+            self.before.clear();
+        } else if !self.last.is_empty() {
+            let prev = std::mem::take(&mut self.last);
+            let prev = &prev[prev.len().saturating_sub(TAIL_BYTES)..];
+            let over = (self.before.len() + prev.len()).saturating_sub(TAIL_BYTES);
+            self.before.drain(..over.min(self.before.len()));
+            self.before.extend_from_slice(prev);
+        }
+        self.last = chunk.clone();
+    }
+
+    /// The last `usage` object in the tail.
+    fn usage(&self) -> Option<Usage> {
+        let last = &self.last[self.last.len().saturating_sub(TAIL_BYTES)..];
+        let joined;
+        let tail = if self.before.is_empty() {
+            last
+        } else {
+            joined = [&self.before[..], last].concat();
+            &joined[..]
+        };
+        memmem::rfind(tail, b"\"usage\":").and_then(|pos| parse_usage(&tail[pos + 8..]))
     }
 }
 
@@ -231,8 +257,10 @@ enum Phase {
 
 /// The response body handed to the client.
 pub struct ObservedBody<B> {
-    inner: Pin<Box<B>>,
-    timer: Pin<Box<Sleep>>,
+    inner: B,
+    /// The idle/total deadline timer, made the first time the upstream is not
+    /// ready: a response that arrives whole never needs one.
+    timer: Option<Pin<Box<Sleep>>>,
     last_activity: Instant,
     obs: Observer,
     phase: Phase,
@@ -240,12 +268,10 @@ pub struct ObservedBody<B> {
 
 impl<B> ObservedBody<B> {
     pub fn new(inner: B, p: ObserveParams) -> Self {
-        let now = Instant::now();
-        let first = (now + p.idle).min(p.deadline);
         ObservedBody {
-            inner: Box::pin(inner),
-            timer: Box::pin(tokio::time::sleep_until(first)),
-            last_activity: now,
+            inner,
+            timer: None,
+            last_activity: Instant::now(),
             obs: Observer {
                 p,
                 first_content: None,
@@ -255,7 +281,7 @@ impl<B> ObservedBody<B> {
                 response_bytes: 0,
                 usage: None,
                 line: Vec::new(),
-                tail: Vec::new(),
+                tail: Tail::default(),
                 outcome: None,
             },
             phase: Phase::Streaming,
@@ -291,7 +317,7 @@ impl<B> ObservedBody<B> {
 
 impl<B> Body for ObservedBody<B>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
     type Data = Bytes;
@@ -321,7 +347,7 @@ where
                 }
                 Phase::Streaming => {}
             }
-            match this.inner.as_mut().poll_frame(cx) {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     let now = Instant::now();
                     this.last_activity = now;
@@ -348,10 +374,13 @@ where
                 Poll::Pending => {}
             }
             // Deadlines: the timer is re-armed lazily, only when it fires early.
-            if this.timer.as_mut().poll(cx).is_pending() {
+            let due = (this.last_activity + this.obs.p.idle).min(this.obs.p.deadline);
+            let timer = this
+                .timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(due)));
+            if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            let due = (this.last_activity + this.obs.p.idle).min(this.obs.p.deadline);
             if Instant::now() >= due {
                 let (reason, msg) = if due == this.obs.p.deadline {
                     (
@@ -364,8 +393,8 @@ where
                 this.fail(reason, msg);
                 continue;
             }
-            this.timer.as_mut().reset(due);
-            if this.timer.as_mut().poll(cx).is_pending() {
+            timer.as_mut().reset(due);
+            if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
         }
@@ -406,6 +435,31 @@ mod tests {
         assert!(!carries_content(
             br#"{"choices":[],"usage":{"prompt_tokens":3}}"#
         ));
+    }
+
+    #[test]
+    fn usage_is_found_across_chunks() {
+        let body = br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":12,"completion_tokens":5}}"#;
+        for cut in [1, 40, 60, body.len() - 3] {
+            let mut t = Tail::default();
+            t.push(&Bytes::copy_from_slice(&body[..cut]));
+            t.push(&Bytes::copy_from_slice(&body[cut..]));
+            t.push(&Bytes::new());
+            let u = t.usage().unwrap_or_else(|| panic!("cut at {cut}"));
+            assert_eq!((u.prompt_tokens, u.completion_tokens), (12, 5));
+        }
+        // Three pieces, the key itself split.
+        let mut t = Tail::default();
+        let at = body.windows(7).position(|w| w == b"\"usage\"").unwrap() + 3;
+        for piece in [&body[..at], &body[at..at + 2], &body[at + 2..]] {
+            t.push(&Bytes::copy_from_slice(piece));
+        }
+        assert_eq!(t.usage().map(|u| u.completion_tokens), Some(5));
+        // Only the last TAIL_BYTES count.
+        let mut t = Tail::default();
+        t.push(&Bytes::from_static(br#""usage":{"prompt_tokens":1}"#));
+        t.push(&Bytes::from(vec![b' '; TAIL_BYTES]));
+        assert_eq!(t.usage(), None);
     }
 
     #[test]

@@ -10,7 +10,9 @@ use super::access_log::{self, AccessLog, AccessRecord};
 use super::labels::BoundedLabels;
 use super::scaling::{Recommendation, Scaler, ScalingInput};
 use super::trace::{TraceContext, Tracer};
-use super::{cost, names, status_label, FastMap, Outcome, RequestMetrics, LATENCY_BUCKETS};
+use super::{
+    cost, names, status_label, Borrowed, FastMap, Outcome, RequestMetrics, LATENCY_BUCKETS,
+};
 use crate::config::observability::ScalingTargets;
 use crate::config::Config;
 use crate::pool::{Registry, Snapshot, Worker};
@@ -395,43 +397,53 @@ impl Hub {
     /// accuracy, dashboard aggregates, access log, trace span.
     pub fn finish(&self, tags: &RequestTags, f: Finished<'_>) {
         let m = f.m;
-        let pool = tags
-            .pool
-            .clone()
-            .unwrap_or(SharedString::const_str(NONE_LABEL));
+        let none = SharedString::const_str(NONE_LABEL);
+        let pool = tags.pool.as_ref().unwrap_or(&none);
         let class = proxied_class(f.status, f.outcome);
         let pair = f.pair;
+        let status = status_label(f.status);
+        let outcome = f.outcome.as_str();
         pair.requests.increment(
-            (
-                pool.clone(),
-                tags.region.clone(),
-                tags.tenant_label.clone(),
+            &Borrowed((
+                &**pool,
+                &*tags.region,
+                &*tags.tenant_label,
                 f.endpoint,
-                status_label(f.status),
+                status,
                 class,
-                f.outcome.as_str(),
-            ),
+                outcome,
+            )),
             1,
-            |(pool, region, tenant, endpoint, status, class, outcome)| {
-                counter!(
+            || {
+                let c = counter!(
                     names::REQUESTS_TOTAL,
                     names::L_MODEL => pair.model.clone(),
                     names::L_POOL => pool.clone(),
                     names::L_WORKER => pair.worker.clone(),
-                    names::L_REGION => region.clone(),
-                    names::L_TENANT => tenant.clone(),
-                    names::L_ENDPOINT => *endpoint,
-                    names::L_STATUS => *status,
-                    names::L_CLASS => *class,
-                    names::L_OUTCOME => *outcome
-                )
+                    names::L_REGION => tags.region.clone(),
+                    names::L_TENANT => tags.tenant_label.clone(),
+                    names::L_ENDPOINT => f.endpoint,
+                    names::L_STATUS => status,
+                    names::L_CLASS => class,
+                    names::L_OUTCOME => outcome
+                );
+                let key = (
+                    pool.clone(),
+                    tags.region.clone(),
+                    tags.tenant_label.clone(),
+                    f.endpoint,
+                    status,
+                    class,
+                    outcome,
+                );
+                (key, c)
             },
         );
         f.pair.e2e.record(m.e2e.as_secs_f64());
         if let Some(t) = m.ttft {
             f.pair.ttft.record(t.as_secs_f64());
             self.second.ttft.record(t);
-            if let Some(h) = self.pool_ttft.get(&pool) {
+            if let Some(h) = self.pool_ttft.get(&**pool) {
                 h.record(t);
             } else {
                 self.pool_ttft.entry(pool.clone()).or_default().record(t);
@@ -449,23 +461,25 @@ impl Hub {
         ] {
             if n > 0 {
                 pair.tokens.increment(
-                    (
-                        pool.clone(),
-                        tags.region.clone(),
-                        tags.tenant_label.clone(),
-                        kind,
-                    ),
+                    &Borrowed((&**pool, &*tags.region, &*tags.tenant_label, kind)),
                     n,
-                    |(pool, region, tenant, kind)| {
-                        counter!(
+                    || {
+                        let c = counter!(
                             names::TOKENS_TOTAL,
                             names::L_MODEL => pair.model.clone(),
                             names::L_POOL => pool.clone(),
                             names::L_WORKER => pair.worker.clone(),
-                            names::L_REGION => region.clone(),
-                            names::L_TENANT => tenant.clone(),
-                            names::L_KIND => *kind
-                        )
+                            names::L_REGION => tags.region.clone(),
+                            names::L_TENANT => tags.tenant_label.clone(),
+                            names::L_KIND => kind
+                        );
+                        let key = (
+                            pool.clone(),
+                            tags.region.clone(),
+                            tags.tenant_label.clone(),
+                            kind,
+                        );
+                        (key, c)
                     },
                 );
             }
@@ -480,7 +494,7 @@ impl Hub {
             if let Some(price) = cost::find_price(
                 &tags.config.observability.prices,
                 &f.pair.model,
-                &pool,
+                pool,
                 tier,
             ) {
                 cost_usd = cost::cost_usd(&price.rate, toks, acc.tokens_per_s());

@@ -5,15 +5,30 @@
 use super::names;
 use crate::config::OTHER_LABEL;
 use dashmap::DashMap;
+use foldhash::fast::RandomState;
 use metrics::{counter, SharedString};
-use std::sync::Mutex;
+use std::cell::RefCell;
+use std::sync::{Arc, Mutex};
+use thread_local::ThreadLocal;
+
+type LocalMap = hashbrown::HashMap<Box<str>, SharedString, RandomState>;
 
 pub struct BoundedLabels {
     label: &'static str,
     limit: usize,
-    seen: DashMap<Box<str>, SharedString>,
+    seen: DashMap<Box<str>, SharedString, RandomState>,
     /// Serialises admissions so the limit is exact; lookups of known values never take it.
     admit: Mutex<()>,
+    /// Each thread's copy of the admitted values it has used: the request path
+    /// finds its label without touching a lock another thread shares.
+    local: ThreadLocal<RefCell<LocalMap>>,
+}
+
+/// A label value whose clones share one allocation. `SharedString::from(String)`
+/// makes an owned value, and every clone of an owned value copies the string:
+/// label values are cloned into metric keys on each request.
+pub fn shared(v: &str) -> SharedString {
+    SharedString::from(Arc::<str>::from(v))
 }
 
 impl BoundedLabels {
@@ -21,27 +36,47 @@ impl BoundedLabels {
         BoundedLabels {
             label,
             limit,
-            seen: DashMap::new(),
+            seen: DashMap::with_hasher(RandomState::default()),
             admit: Mutex::new(()),
+            local: ThreadLocal::new(),
         }
     }
 
     /// The label value to use for `v`.
     pub fn get(&self, v: &str) -> SharedString {
-        if let Some(s) = self.seen.get(v) {
+        let local = self.local.get_or_default();
+        if let Some(s) = local.borrow().get(v) {
             return s.clone();
+        }
+        match self.admitted(v) {
+            Some(s) => {
+                // Only admitted values: the local maps stay within the limit too.
+                // The thread's own copy of the text, so the reference counts that
+                // requests bump are not shared with other threads.
+                let mine = shared(&s);
+                local.borrow_mut().insert(v.into(), mine.clone());
+                mine
+            }
+            None => SharedString::const_str(OTHER_LABEL),
+        }
+    }
+
+    /// The shared value for `v`, admitting it while there is room.
+    fn admitted(&self, v: &str) -> Option<SharedString> {
+        if let Some(s) = self.seen.get(v) {
+            return Some(s.clone());
         }
         let _g = self.admit.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = self.seen.get(v) {
-            return s.clone();
+            return Some(s.clone());
         }
         if self.seen.len() >= self.limit {
             counter!(names::LABEL_OVERFLOW_TOTAL, names::L_LABEL => self.label).increment(1);
-            return SharedString::const_str(OTHER_LABEL);
+            return None;
         }
-        let s = SharedString::from(v.to_string());
+        let s = shared(v);
         self.seen.insert(v.into(), s.clone());
-        s
+        Some(s)
     }
 
     pub fn len(&self) -> usize {

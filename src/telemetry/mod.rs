@@ -17,10 +17,12 @@ use dashmap::DashMap;
 use foldhash::fast::RandomState;
 use metrics::{counter, gauge, histogram, Counter, Histogram, SharedString};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::cell::RefCell;
 use std::hash::Hash;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 use std::time::Duration;
+use thread_local::ThreadLocal;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -80,7 +82,7 @@ pub fn spawn_upkeep(handle: PrometheusHandle) {
 /// Render the exposition text, refreshing the worker gauges from their atomics first.
 pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> String {
     for w in snap.workers() {
-        let id = SharedString::from(w.id.to_string());
+        let id = SharedString::from(w.id.clone());
         gauge!(names::WORKER_IN_FLIGHT, names::L_WORKER => id.clone())
             .set(w.state.in_flight.load(Ordering::Relaxed) as f64);
         gauge!(names::WORKER_HEALTHY, names::L_WORKER => id.clone()).set(if w.is_available() {
@@ -189,6 +191,18 @@ pub type RequestsKey = (
 );
 /// Label values of `switchyard_tokens_total` beyond the (model, worker) pair.
 pub type TokensKey = (SharedString, SharedString, SharedString, &'static str);
+/// [`RequestsKey`] borrowed.
+pub type RequestsRef<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
+/// [`TokensKey`] borrowed.
+pub type TokensRef<'a> = (&'a str, &'a str, &'a str, &'static str);
 
 /// Endpoint labels, in `api::Endpoint` order.
 pub const ENDPOINTS: [&str; 5] = [
@@ -249,30 +263,57 @@ pub fn record_request(tags: &RequestTags, f: Finished<'_>) {
 }
 
 /// Counters resolved once per distinct label combination. The request path then
-/// hashes a small key of already-interned values instead of building a metrics
-/// `Key` (a label vector) and looking it up in the recorder's registry. Keys are
-/// made of bounded label values only, so the cache is bounded too.
-pub struct CounterCache<K>(FastMap<K, Counter>);
+/// hashes the label values it already holds, borrowed, instead of building a
+/// metrics `Key` (a label vector) and looking it up in the recorder's registry.
+/// Each serving thread has its own map, so a lookup takes no lock and clones
+/// nothing that another thread touches. Keys are made of bounded label values
+/// only, so every map is bounded too.
+pub struct CounterCache<K: Send>(ThreadLocal<RefCell<hashbrown::HashMap<K, Counter, RandomState>>>);
 
 /// A concurrent map with a fast non-cryptographic hasher, for keys made of
 /// bounded label values (never client-controlled strings).
 pub type FastMap<K, V> = DashMap<K, V, RandomState>;
 
-impl<K: Hash + Eq> Default for CounterCache<K> {
+impl<K: Send> Default for CounterCache<K> {
     fn default() -> Self {
-        CounterCache(DashMap::with_hasher(RandomState::default()))
+        CounterCache(ThreadLocal::new())
     }
 }
 
-impl<K: Hash + Eq> CounterCache<K> {
-    /// Add `n` to the counter for `key`, registering it with `make` the first time.
-    pub fn increment(&self, key: K, n: u64, make: impl FnOnce(&K) -> Counter) {
-        if let Some(c) = self.0.get(&key) {
+impl<K: Hash + Eq + Send> CounterCache<K> {
+    /// Add `n` to the counter for `key`; the first time on this thread, `make`
+    /// gives the owned key and the counter.
+    pub fn increment<Q>(&self, key: &Q, n: u64, make: impl FnOnce() -> (K, Counter))
+    where
+        Q: Hash + hashbrown::Equivalent<K> + ?Sized,
+    {
+        let mut map = self.0.get_or_default().borrow_mut();
+        if let Some(c) = map.get(key) {
             c.increment(n);
             return;
         }
-        let c = make(&key);
-        self.0.entry(key).or_insert(c).increment(n);
+        let (k, c) = make();
+        c.increment(n);
+        map.insert(k, c);
+    }
+}
+
+/// Label values borrowed for a [`CounterCache`] lookup. It hashes exactly as the
+/// owned key does (a tuple hashes its fields in order; a `SharedString` as its text).
+#[derive(Hash)]
+pub struct Borrowed<T>(pub T);
+
+impl hashbrown::Equivalent<RequestsKey> for Borrowed<RequestsRef<'_>> {
+    fn equivalent(&self, k: &RequestsKey) -> bool {
+        let b = &self.0;
+        (b.0, b.1, b.2) == (&*k.0, &*k.1, &*k.2) && (b.3, b.4, b.5, b.6) == (k.3, k.4, k.5, k.6)
+    }
+}
+
+impl hashbrown::Equivalent<TokensKey> for Borrowed<TokensRef<'_>> {
+    fn equivalent(&self, k: &TokensKey) -> bool {
+        let b = &self.0;
+        (b.0, b.1, b.2, b.3) == (&*k.0, &*k.1, &*k.2, k.3)
     }
 }
 
@@ -300,15 +341,15 @@ impl PoolMetrics {
 
     /// Record a routing decision.
     pub fn record_decision(&self, policy: &'static str, reason: &'static str) {
-        self.decisions
-            .increment((policy, reason), 1, |(policy, reason)| {
-                counter!(
-                    names::ROUTING_DECISIONS_TOTAL,
-                    names::L_POOL => self.name.clone(),
-                    names::L_POLICY => *policy,
-                    names::L_REASON => *reason
-                )
-            });
+        self.decisions.increment(&(policy, reason), 1, || {
+            let c = counter!(
+                names::ROUTING_DECISIONS_TOTAL,
+                names::L_POOL => self.name.clone(),
+                names::L_POLICY => policy,
+                names::L_REASON => reason
+            );
+            ((policy, reason), c)
+        });
     }
 }
 
@@ -376,5 +417,48 @@ pub fn status_label(status: u16) -> &'static str {
         s if s < 400 => "3xx",
         s if s < 500 => "4xx",
         _ => "5xx",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// A borrowed key finds the entry its owned twin made: `make` runs once per
+    /// distinct label set per thread, and the same counter keeps counting.
+    #[test]
+    fn a_borrowed_key_finds_the_owned_entry() {
+        let cache: CounterCache<TokensKey> = CounterCache::default();
+        let made = AtomicU32::new(0);
+        let pool = labels::shared("p");
+        let region = labels::shared("r");
+        let tenant = SharedString::const_str("t");
+        for (kind, n) in [("prompt", 3), ("prompt", 4), ("output", 5), ("prompt", 1)] {
+            cache.increment(&Borrowed((&*pool, &*region, &*tenant, kind)), n, || {
+                made.fetch_add(1, Ordering::Relaxed);
+                let key = (pool.clone(), region.clone(), tenant.clone(), kind);
+                (key, Counter::noop())
+            });
+        }
+        assert_eq!(made.load(Ordering::Relaxed), 2);
+        // Another text with the same bytes is the same key.
+        let other_pool = labels::shared("p");
+        cache.increment(&Borrowed((&*other_pool, "r", "t", "output")), 1, || {
+            made.fetch_add(1, Ordering::Relaxed);
+            (
+                (other_pool.clone(), region.clone(), tenant.clone(), "output"),
+                Counter::noop(),
+            )
+        });
+        assert_eq!(made.load(Ordering::Relaxed), 2);
+        cache.increment(&Borrowed(("p", "r", "u", "output")), 1, || {
+            made.fetch_add(1, Ordering::Relaxed);
+            (
+                (pool.clone(), region.clone(), "u".into(), "output"),
+                Counter::noop(),
+            )
+        });
+        assert_eq!(made.load(Ordering::Relaxed), 3);
     }
 }
