@@ -226,7 +226,9 @@ impl UpstreamClient {
                 },
             }
         }
-        let mut tx = self.connect(authority).await?;
+        // Boxed: a new connection is the rare case, and its (large) state would
+        // otherwise be moved with every request's future.
+        let mut tx = Box::pin(self.connect(authority)).await?;
         let sent = tx.send_request(req);
         self.checkin(authority, tx);
         sent.await.map_err(UpstreamError::request)

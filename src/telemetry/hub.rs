@@ -491,12 +491,9 @@ impl Hub {
             let acc = self.worker_acc(w);
             acc.tokens.fetch_add(toks.processed(), Ordering::Relaxed);
             let tier = tags.tier.as_deref();
-            if let Some(price) = cost::find_price(
-                &tags.config.observability.prices,
-                &f.pair.model,
-                pool,
-                tier,
-            ) {
+            if let Some(price) =
+                cost::find_price(&tags.config.observability.prices, &f.pair.model, pool, tier)
+            {
                 cost_usd = cost::cost_usd(&price.rate, toks, acc.tokens_per_s());
             }
         }
