@@ -194,7 +194,8 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         // Phase: select (wait in the pool queue if every candidate is at its limit).
         let accept =
             |i: usize| eligible(i, &tried) && (limit == 0 || route.workers[i].in_flight() < limit);
-        let pick_start = Instant::now();
+        // Only a trace span needs the time routing took.
+        let pick_start = ctx.tags.tracing().then(Instant::now);
         let decision = match policy.pick(&rreq, &route.workers, &accept) {
             Some(d) => d,
             None => {
@@ -258,7 +259,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         let est_cost = policy.estimate_cost(&decision, &rreq);
         tried.push(decision.index);
         let worker = &route.workers[decision.index];
-        if ctx.tags.tracing() {
+        if let Some(pick_start) = pick_start {
             ctx.tags.child_span(
                 "switchyard.route",
                 SpanKind::Internal,
@@ -497,12 +498,11 @@ pub(crate) async fn send_attempt(
         Err(e) => return (Err(e), None),
     };
     let guard = worker.begin(route.pool.queue.as_ref(), size);
-    let wait = ctx
-        .timeouts
-        .first_byte
-        .min(deadline.saturating_duration_since(Instant::now()));
     let sent = Instant::now();
-    let result = tokio::time::timeout(wait, send_prepared(ctx.client, worker, upstream_req)).await;
+    let until = (sent + ctx.timeouts.first_byte).min(deadline);
+    let wait = until.saturating_duration_since(sent);
+    let result =
+        tokio::time::timeout_at(until, send_prepared(ctx.client, worker, upstream_req)).await;
     ctx.tags.add_waited(sent.elapsed());
     let attempt = ctx.tags.add_attempt();
     if ctx.tags.tracing() {
