@@ -174,8 +174,9 @@ impl Observer {
     }
 }
 
-/// The last `TAIL_BYTES` of a body: the latest chunk, shared rather than copied,
-/// and the bytes before it, copied only when the body comes in several chunks.
+/// The end of a body, at least its last `TAIL_BYTES` (at most twice that): the
+/// latest chunk, shared rather than copied, and up to `TAIL_BYTES` before it,
+/// copied only when the body comes in several chunks.
 #[derive(Default)]
 struct Tail {
     last: Bytes,
@@ -196,7 +197,7 @@ impl Tail {
         self.last = chunk.clone();
     }
 
-    /// The last `usage` object in the tail.
+    /// The last `usage` object in the kept bytes.
     fn usage(&self) -> Option<Usage> {
         let last = &self.last[self.last.len().saturating_sub(TAIL_BYTES)..];
         let joined;
