@@ -46,16 +46,16 @@ fn counters(c: &mut Criterion) {
         b.iter(|| {
             cache.increment(
                 &Borrowed((
-                    &*pool,
-                    &*region,
-                    &*tenant,
+                    &pool,
+                    &region,
+                    &tenant,
                     "chat_completions",
                     "200",
                     "ok",
                     "completed",
                 )),
                 1,
-                || (key(&pool, &region, &tenant), Counter::noop()),
+                |_| Counter::noop(),
             )
         })
     });

@@ -401,42 +401,30 @@ impl Hub {
         let pool = tags.pool.as_ref().unwrap_or(&none);
         let class = proxied_class(f.status, f.outcome);
         let pair = f.pair;
-        let status = status_label(f.status);
-        let outcome = f.outcome.as_str();
         pair.requests.increment(
             &Borrowed((
-                &**pool,
-                &*tags.region,
-                &*tags.tenant_label,
+                pool,
+                &tags.region,
+                &tags.tenant_label,
                 f.endpoint,
-                status,
+                status_label(f.status),
                 class,
-                outcome,
+                f.outcome.as_str(),
             )),
             1,
-            || {
-                let c = counter!(
+            |(pool, region, tenant, endpoint, status, class, outcome)| {
+                counter!(
                     names::REQUESTS_TOTAL,
                     names::L_MODEL => pair.model.clone(),
                     names::L_POOL => pool.clone(),
                     names::L_WORKER => pair.worker.clone(),
-                    names::L_REGION => tags.region.clone(),
-                    names::L_TENANT => tags.tenant_label.clone(),
-                    names::L_ENDPOINT => f.endpoint,
-                    names::L_STATUS => status,
-                    names::L_CLASS => class,
-                    names::L_OUTCOME => outcome
-                );
-                let key = (
-                    pool.clone(),
-                    tags.region.clone(),
-                    tags.tenant_label.clone(),
-                    f.endpoint,
-                    status,
-                    class,
-                    outcome,
-                );
-                (key, c)
+                    names::L_REGION => region.clone(),
+                    names::L_TENANT => tenant.clone(),
+                    names::L_ENDPOINT => *endpoint,
+                    names::L_STATUS => *status,
+                    names::L_CLASS => *class,
+                    names::L_OUTCOME => *outcome
+                )
             },
         );
         f.pair.e2e.record(m.e2e.as_secs_f64());
@@ -461,25 +449,18 @@ impl Hub {
         ] {
             if n > 0 {
                 pair.tokens.increment(
-                    &Borrowed((&**pool, &*tags.region, &*tags.tenant_label, kind)),
+                    &Borrowed((pool, &tags.region, &tags.tenant_label, kind)),
                     n,
-                    || {
-                        let c = counter!(
+                    |(pool, region, tenant, kind)| {
+                        counter!(
                             names::TOKENS_TOTAL,
                             names::L_MODEL => pair.model.clone(),
                             names::L_POOL => pool.clone(),
                             names::L_WORKER => pair.worker.clone(),
-                            names::L_REGION => tags.region.clone(),
-                            names::L_TENANT => tags.tenant_label.clone(),
-                            names::L_KIND => kind
-                        );
-                        let key = (
-                            pool.clone(),
-                            tags.region.clone(),
-                            tags.tenant_label.clone(),
-                            kind,
-                        );
-                        (key, c)
+                            names::L_REGION => region.clone(),
+                            names::L_TENANT => tenant.clone(),
+                            names::L_KIND => *kind
+                        )
                     },
                 );
             }

@@ -193,16 +193,21 @@ pub type RequestsKey = (
 pub type TokensKey = (SharedString, SharedString, SharedString, &'static str);
 /// [`RequestsKey`] borrowed.
 pub type RequestsRef<'a> = (
-    &'a str,
-    &'a str,
-    &'a str,
+    &'a SharedString,
+    &'a SharedString,
+    &'a SharedString,
     &'static str,
     &'static str,
     &'static str,
     &'static str,
 );
 /// [`TokensKey`] borrowed.
-pub type TokensRef<'a> = (&'a str, &'a str, &'a str, &'static str);
+pub type TokensRef<'a> = (
+    &'a SharedString,
+    &'a SharedString,
+    &'a SharedString,
+    &'static str,
+);
 
 /// Endpoint labels, in `api::Endpoint` order.
 pub const ENDPOINTS: [&str; 5] = [
@@ -281,39 +286,65 @@ impl<K: Send> Default for CounterCache<K> {
 }
 
 impl<K: Hash + Eq + Send> CounterCache<K> {
-    /// Add `n` to the counter for `key`; the first time on this thread, `make`
-    /// gives the owned key and the counter.
-    pub fn increment<Q>(&self, key: &Q, n: u64, make: impl FnOnce() -> (K, Counter))
-    where
-        Q: Hash + hashbrown::Equivalent<K> + ?Sized,
-    {
+    /// Add `n` to the counter for `key`, registering it with `make` the first time
+    /// on this thread.
+    pub fn increment<Q: CacheKey<K>>(&self, key: &Q, n: u64, make: impl FnOnce(&K) -> Counter) {
         let mut map = self.0.get_or_default().borrow_mut();
         if let Some(c) = map.get(key) {
             c.increment(n);
             return;
         }
-        let (k, c) = make();
+        let k = key.to_key();
+        let c = make(&k);
         c.increment(n);
         map.insert(k, c);
     }
 }
 
+/// A key a [`CounterCache`] can look up without building the owned key `K`,
+/// and build it from when the entry is new.
+pub trait CacheKey<K>: Hash + hashbrown::Equivalent<K> {
+    fn to_key(&self) -> K;
+}
+
+/// A key of `Copy` values is its own lookup key.
+impl<K: Hash + Eq + Copy> CacheKey<K> for K {
+    fn to_key(&self) -> K {
+        *self
+    }
+}
+
 /// Label values borrowed for a [`CounterCache`] lookup. It hashes exactly as the
-/// owned key does (a tuple hashes its fields in order; a `SharedString` as its text).
+/// owned key does: a tuple hashes its fields in order, a reference as what it
+/// points to.
 #[derive(Hash)]
 pub struct Borrowed<T>(pub T);
 
 impl hashbrown::Equivalent<RequestsKey> for Borrowed<RequestsRef<'_>> {
     fn equivalent(&self, k: &RequestsKey) -> bool {
         let b = &self.0;
-        (b.0, b.1, b.2) == (&*k.0, &*k.1, &*k.2) && (b.3, b.4, b.5, b.6) == (k.3, k.4, k.5, k.6)
+        (b.0, b.1, b.2) == (&k.0, &k.1, &k.2) && (b.3, b.4, b.5, b.6) == (k.3, k.4, k.5, k.6)
+    }
+}
+
+impl CacheKey<RequestsKey> for Borrowed<RequestsRef<'_>> {
+    fn to_key(&self) -> RequestsKey {
+        let b = &self.0;
+        (b.0.clone(), b.1.clone(), b.2.clone(), b.3, b.4, b.5, b.6)
     }
 }
 
 impl hashbrown::Equivalent<TokensKey> for Borrowed<TokensRef<'_>> {
     fn equivalent(&self, k: &TokensKey) -> bool {
         let b = &self.0;
-        (b.0, b.1, b.2, b.3) == (&*k.0, &*k.1, &*k.2, k.3)
+        (b.0, b.1, b.2, b.3) == (&k.0, &k.1, &k.2, k.3)
+    }
+}
+
+impl CacheKey<TokensKey> for Borrowed<TokensRef<'_>> {
+    fn to_key(&self) -> TokensKey {
+        let b = &self.0;
+        (b.0.clone(), b.1.clone(), b.2.clone(), b.3)
     }
 }
 
@@ -341,15 +372,15 @@ impl PoolMetrics {
 
     /// Record a routing decision.
     pub fn record_decision(&self, policy: &'static str, reason: &'static str) {
-        self.decisions.increment(&(policy, reason), 1, || {
-            let c = counter!(
-                names::ROUTING_DECISIONS_TOTAL,
-                names::L_POOL => self.name.clone(),
-                names::L_POLICY => policy,
-                names::L_REASON => reason
-            );
-            ((policy, reason), c)
-        });
+        self.decisions
+            .increment(&(policy, reason), 1, |(policy, reason)| {
+                counter!(
+                    names::ROUTING_DECISIONS_TOTAL,
+                    names::L_POOL => self.name.clone(),
+                    names::L_POLICY => *policy,
+                    names::L_REASON => *reason
+                )
+            });
     }
 }
 
@@ -431,34 +462,28 @@ mod tests {
     fn a_borrowed_key_finds_the_owned_entry() {
         let cache: CounterCache<TokensKey> = CounterCache::default();
         let made = AtomicU32::new(0);
+        let make = |k: &TokensKey| {
+            made.fetch_add(1, Ordering::Relaxed);
+            assert_eq!(&*k.0, "p", "the owned key is the borrowed one's");
+            Counter::noop()
+        };
         let pool = labels::shared("p");
         let region = labels::shared("r");
         let tenant = SharedString::const_str("t");
         for (kind, n) in [("prompt", 3), ("prompt", 4), ("output", 5), ("prompt", 1)] {
-            cache.increment(&Borrowed((&*pool, &*region, &*tenant, kind)), n, || {
-                made.fetch_add(1, Ordering::Relaxed);
-                let key = (pool.clone(), region.clone(), tenant.clone(), kind);
-                (key, Counter::noop())
-            });
+            cache.increment(&Borrowed((&pool, &region, &tenant, kind)), n, make);
         }
         assert_eq!(made.load(Ordering::Relaxed), 2);
-        // Another text with the same bytes is the same key.
-        let other_pool = labels::shared("p");
-        cache.increment(&Borrowed((&*other_pool, "r", "t", "output")), 1, || {
-            made.fetch_add(1, Ordering::Relaxed);
-            (
-                (other_pool.clone(), region.clone(), tenant.clone(), "output"),
-                Counter::noop(),
-            )
-        });
+        // Other values with the same text are the same key, whatever backs them.
+        let (p2, r2) = (labels::shared("p"), SharedString::from("r".to_string()));
+        cache.increment(&Borrowed((&p2, &r2, &tenant, "output")), 1, make);
         assert_eq!(made.load(Ordering::Relaxed), 2);
-        cache.increment(&Borrowed(("p", "r", "u", "output")), 1, || {
-            made.fetch_add(1, Ordering::Relaxed);
-            (
-                (pool.clone(), region.clone(), "u".into(), "output"),
-                Counter::noop(),
-            )
-        });
+        let other_tenant = labels::shared("u");
+        cache.increment(
+            &Borrowed((&pool, &region, &other_tenant, "output")),
+            1,
+            make,
+        );
         assert_eq!(made.load(Ordering::Relaxed), 3);
     }
 }
