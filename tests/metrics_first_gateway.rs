@@ -35,3 +35,72 @@ async fn the_first_gateway_in_a_process_records_request_metrics() {
     let reqs = metric_sum(&text, names::REQUESTS_TOTAL, &[]);
     assert!(reqs >= 1.0, "no request counted:\n{text}");
 }
+
+/// The exposition stays valid Prometheus text with the per-thread families
+/// (`telemetry::local`) rendered next to the exporter's, and counters kept per
+/// thread are handed to the exporter exactly once: a second scrape adds only the
+/// requests made in between.
+#[tokio::test]
+async fn per_thread_counters_and_histograms_render_once_and_exactly() {
+    let s = sims(1, 20.0).await;
+    // A model name of its own (the recorder is process-wide), served as the
+    // simulator's.
+    let model = format!("{}-exact", sim_model());
+    let u = urls(&s);
+    let upstream = format!("upstream_model = \"{}\"", sim_model());
+    let gw = gateway(&pool_toml(&model, &[u[0].as_str()], &upstream)).await;
+    let url = gw.url();
+    let chat = || async {
+        let (status, _) = stream_text(
+            &url,
+            json!({"model": model, "stream": true, "max_tokens": 3,
+                   "messages": [{"role":"user","content":"count"}]}),
+        )
+        .await;
+        assert_eq!(status, 200);
+    };
+    chat().await;
+    let first = scrape(&url).await;
+    let requests = |text: &str| metric_sum(text, names::REQUESTS_TOTAL, &[("model", &model)]);
+    let e2e_count = format!("{}_count", names::E2E_SECONDS);
+    let e2e = |text: &str| metric_sum(text, &e2e_count, &[("model", &model)]);
+    assert_eq!(requests(&first), 1.0, "{first}");
+    assert_eq!(e2e(&first), 1.0, "{first}");
+    for _ in 0..3 {
+        chat().await;
+    }
+    let second = scrape(&url).await;
+    assert_eq!(requests(&second), 4.0, "{second}");
+    assert_eq!(e2e(&second), 4.0, "{second}");
+
+    // One HELP and one TYPE per family; histogram buckets cumulative, ending at
+    // `+Inf` = `_count`.
+    let mut types = std::collections::HashMap::new();
+    for line in second.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = line.split_whitespace().nth(2).unwrap();
+        *types.entry(name.to_string()).or_insert(0) += 1;
+    }
+    assert!(types.values().all(|n| *n == 1), "{types:?}");
+    let helps: Vec<&str> = second
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(helps.len(), types.len(), "{helps:?} vs {types:?}");
+    for family in [names::TTFT_SECONDS, names::E2E_SECONDS, names::ITL_SECONDS] {
+        assert_eq!(types.get(family), Some(&1), "{family}");
+        let prefix = format!("{family}_bucket{{model=\"{model}\"");
+        let buckets: Vec<f64> = second
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(buckets.len() > 2, "{family}: {second}");
+        assert!(
+            buckets.windows(2).all(|w| w[0] <= w[1]),
+            "{family}: {buckets:?}"
+        );
+        let count = metric_sum(&second, &format!("{family}_count"), &[("model", &model)]);
+        assert_eq!(buckets.last().copied(), Some(count), "{family}");
+    }
+}

@@ -3,11 +3,14 @@
 //! throughput, the per-second aggregates behind the dashboard — and the once-a-second
 //! fleet view (imbalance, idle workers, saturation, scaling recommendation).
 //!
-//! The request path touches only atomics and sharded maps here; the ring buffer and
-//! the scalers are owned by the ticker (`Hub::tick`, once a second).
+//! The request path adds to its own thread's running totals (`telemetry::local`),
+//! and touches shared atomics and sharded maps only for costs and cache accuracy;
+//! the ring buffer and the scalers are owned by the ticker (`Hub::tick`, once a
+//! second), which sums the threads' totals.
 
 use super::access_log::{self, AccessLog, AccessRecord};
 use super::labels::BoundedLabels;
+use super::local::{LocalCount, LocalMap};
 use super::scaling::{Recommendation, Scaler, ScalingInput};
 use super::trace::{TraceContext, Tracer};
 use super::{
@@ -25,6 +28,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use thread_local::ThreadLocal;
 use tokio::time::Instant;
 
 /// Label value for "not applicable" (no worker, no pool).
@@ -40,20 +44,27 @@ const TTFT_WINDOW_S: usize = 60;
 
 const NB: usize = LATENCY_BUCKETS.len() + 1;
 
-/// A latency histogram of atomics over [`LATENCY_BUCKETS`] (plus overflow).
+/// One thread's running bucket counts over [`LATENCY_BUCKETS`] (plus overflow).
 #[derive(Default)]
-pub struct AtomicHist([AtomicU64; NB]);
+pub struct LocalHist([LocalCount; NB]);
 
-impl AtomicHist {
+impl LocalHist {
     pub fn record(&self, d: Duration) {
         let v = d.as_secs_f64();
         let i = LATENCY_BUCKETS.partition_point(|&b| b < v);
-        self.0[i].fetch_add(1, Ordering::Relaxed);
+        self.0[i].add(1);
     }
 
-    fn take(&self) -> [u64; NB] {
-        std::array::from_fn(|i| self.0[i].swap(0, Ordering::Relaxed))
+    fn add_to(&self, out: &mut [u64; NB]) {
+        for (o, c) in out.iter_mut().zip(&self.0) {
+            *o += c.get();
+        }
     }
+}
+
+/// `now - before`, bucket by bucket: what was recorded in between.
+fn since(now: &[u64; NB], before: &[u64; NB]) -> [u64; NB] {
+    std::array::from_fn(|i| now[i].wrapping_sub(before[i]))
 }
 
 /// The `q` quantile (0–1) of bucket counts, interpolated within the bucket.
@@ -190,11 +201,9 @@ struct CacheAcc {
     actual: AtomicU64,
 }
 
-/// Per-worker accumulators the request path writes.
+/// Per-worker throughput, measured by the ticker.
 #[derive(Default)]
 pub struct WorkerAcc {
-    /// Processed tokens (uncached prompt + output) since the last tick.
-    tokens: AtomicU64,
     /// Measured throughput, tokens/s (f64 bits), an EWMA over ticks.
     tps_bits: AtomicU64,
 }
@@ -205,15 +214,28 @@ impl WorkerAcc {
     }
 }
 
-/// Aggregates of the current second (request path writes, ticker drains).
+/// One serving thread's running totals behind the per-second aggregates. The
+/// request path adds to its own thread's; the ticker sums all threads and takes
+/// the difference from the last tick ([`SecondTotals`]).
 #[derive(Default)]
 struct Second {
-    requests: AtomicU64,
-    errors: AtomicU64,
-    output_tokens: AtomicU64,
-    nano_usd: AtomicU64,
-    ttft: AtomicHist,
-    itl: AtomicHist,
+    requests: LocalCount,
+    errors: LocalCount,
+    output_tokens: LocalCount,
+    nano_usd: LocalCount,
+    ttft: LocalHist,
+    itl: LocalHist,
+}
+
+/// [`Second`] summed over threads.
+#[derive(Clone, Copy, Default)]
+struct SecondTotals {
+    requests: u64,
+    errors: u64,
+    output_tokens: u64,
+    nano_usd: u64,
+    ttft: [u64; NB],
+    itl: [u64; NB],
 }
 
 /// One second of history, for the dashboard.
@@ -307,6 +329,10 @@ struct TickState {
     ring: VecDeque<SecondAgg>,
     /// Per pool: TTFT bucket counts of the last [`TTFT_WINDOW_S`] seconds.
     pool_ttft: HashMap<Arc<str>, VecDeque<[u64; NB]>>,
+    /// Running totals as of the last tick, to take one second's worth from.
+    seen_second: SecondTotals,
+    seen_pool_ttft: HashMap<Arc<str>, [u64; NB]>,
+    seen_tokens: HashMap<Arc<str>, u64>,
     scalers: HashMap<Arc<str>, Scaler>,
     /// Per worker: requests counter at the last change, and when it changed.
     activity: HashMap<Arc<str>, (u64, Instant)>,
@@ -319,13 +345,15 @@ pub struct Hub {
     access_log: Option<AccessLog>,
     pub tracer: Option<Tracer>,
     window_s: usize,
-    second: Second,
+    second: ThreadLocal<Second>,
     /// Cost so far (nano-USD) by (model, region, tenant).
     costs: FastMap<(SharedString, SharedString, SharedString), AtomicU64>,
     cache: FastMap<SharedString, CacheAcc>,
     workers: FastMap<Arc<str>, Arc<WorkerAcc>>,
-    /// TTFT of the current second, per pool.
-    pool_ttft: FastMap<SharedString, AtomicHist>,
+    /// Processed tokens (uncached prompt + output) per worker, per thread.
+    worker_tokens: LocalMap<LocalCount>,
+    /// TTFT per pool, per thread.
+    pool_ttft: LocalMap<LocalHist>,
     tick: Mutex<TickState>,
     fleet: ArcSwap<FleetView>,
 }
@@ -341,11 +369,12 @@ impl Hub {
             access_log: o.access_log.as_ref().map(AccessLog::start),
             tracer: o.tracing.as_ref().map(Tracer::start),
             window_s: o.dashboard_window_s,
-            second: Second::default(),
+            second: ThreadLocal::new(),
             costs: FastMap::default(),
             cache: FastMap::default(),
             workers: FastMap::default(),
-            pool_ttft: FastMap::default(),
+            worker_tokens: LocalMap::default(),
+            pool_ttft: LocalMap::default(),
             tick: Mutex::new(TickState::default()),
             fleet: ArcSwap::from_pointee(FleetView::default()),
         })
@@ -390,7 +419,7 @@ impl Hub {
 
     /// Record one inter-token gap in the dashboard aggregates.
     pub fn record_itl(&self, gap: Duration) {
-        self.second.itl.record(gap);
+        self.second.get_or_default().itl.record(gap);
     }
 
     /// A proxied request finished (body ended or dropped): metrics, cost, cache
@@ -430,12 +459,8 @@ impl Hub {
         f.pair.e2e.record(m.e2e.as_secs_f64());
         if let Some(t) = m.ttft {
             f.pair.ttft.record(t.as_secs_f64());
-            self.second.ttft.record(t);
-            if let Some(h) = self.pool_ttft.get(&**pool) {
-                h.record(t);
-            } else {
-                self.pool_ttft.entry(pool.clone()).or_default().record(t);
-            }
+            self.second.get_or_default().ttft.record(t);
+            self.pool_ttft.with(pool, |h| h.record(t));
         }
         let toks = cost::TokenCounts {
             prompt: m.prompt_tokens.unwrap_or(0),
@@ -469,13 +494,12 @@ impl Hub {
         // Cost: the most specific price row for (model, pool, worker tier).
         let mut cost_usd = 0.0;
         if let Some(w) = &tags.worker {
-            let acc = self.worker_acc(w);
-            acc.tokens.fetch_add(toks.processed(), Ordering::Relaxed);
+            self.worker_tokens.with(w, |n| n.add(toks.processed()));
             let tier = tags.tier.as_deref();
             if let Some(price) =
                 cost::find_price(&tags.config.observability.prices, &f.pair.model, pool, tier)
             {
-                cost_usd = cost::cost_usd(&price.rate, toks, acc.tokens_per_s());
+                cost_usd = cost::cost_usd(&price.rate, toks, self.worker_acc(w).tokens_per_s());
             }
         }
         let nano = (cost_usd * 1e9).round() as u64;
@@ -496,7 +520,7 @@ impl Hub {
                         .fetch_add(nano, Ordering::Relaxed);
                 }
             }
-            self.second.nano_usd.fetch_add(nano, Ordering::Relaxed);
+            self.second.get_or_default().nano_usd.add(nano);
         }
 
         // Predicted vs actual cache hits.
@@ -523,13 +547,12 @@ impl Hub {
             acc.actual.fetch_add(actual, Ordering::Relaxed);
         }
 
-        self.second.requests.fetch_add(1, Ordering::Relaxed);
+        let second = self.second.get_or_default();
+        second.requests.add(1);
         if class != "ok" {
-            self.second.errors.fetch_add(1, Ordering::Relaxed);
+            second.errors.add(1);
         }
-        self.second
-            .output_tokens
-            .fetch_add(toks.output, Ordering::Relaxed);
+        second.output_tokens.add(toks.output);
 
         if let Some(t) = &self.tracer {
             t.end_request_span(tags, f.status, f.outcome.as_str(), m.e2e);
@@ -603,8 +626,9 @@ impl Hub {
             names::L_OUTCOME => "gateway_error"
         )
         .increment(1);
-        self.second.requests.fetch_add(1, Ordering::Relaxed);
-        self.second.errors.fetch_add(1, Ordering::Relaxed);
+        let second = self.second.get_or_default();
+        second.requests.add(1);
+        second.errors.add(1);
         if let Some(t) = &self.tracer {
             t.end_request_span(tags, status, reason, elapsed);
         }
@@ -691,15 +715,25 @@ impl Hub {
             .map_or(1.0, |t| now.saturating_duration_since(t).as_secs_f64())
             .max(1e-3);
         st.last_tick = Some(now);
-        let ttft = self.second.ttft.take();
-        let itl = self.second.itl.take();
+        let mut now_t = SecondTotals::default();
+        for s in self.second.iter() {
+            now_t.requests += s.requests.get();
+            now_t.errors += s.errors.get();
+            now_t.output_tokens += s.output_tokens.get();
+            now_t.nano_usd += s.nano_usd.get();
+            s.ttft.add_to(&mut now_t.ttft);
+            s.itl.add_to(&mut now_t.itl);
+        }
+        let was = std::mem::replace(&mut st.seen_second, now_t);
+        let ttft = since(&now_t.ttft, &was.ttft);
+        let itl = since(&now_t.itl, &was.itl);
         let q = |c: &[u64; NB], p: f64| quantile(c, p).map(|s| s * 1e3);
         let agg = SecondAgg {
             t: unix_ms(),
-            requests: self.second.requests.swap(0, Ordering::Relaxed),
-            errors: self.second.errors.swap(0, Ordering::Relaxed),
-            output_tokens: self.second.output_tokens.swap(0, Ordering::Relaxed),
-            cost_usd: self.second.nano_usd.swap(0, Ordering::Relaxed) as f64 / 1e9,
+            requests: now_t.requests.wrapping_sub(was.requests),
+            errors: now_t.errors.wrapping_sub(was.errors),
+            output_tokens: now_t.output_tokens.wrapping_sub(was.output_tokens),
+            cost_usd: now_t.nano_usd.wrapping_sub(was.nano_usd) as f64 / 1e9,
             ttft_p50_ms: q(&ttft, 0.5),
             ttft_p90_ms: q(&ttft, 0.9),
             ttft_p99_ms: q(&ttft, 0.99),
@@ -712,17 +746,30 @@ impl Hub {
             st.ring.pop_front();
         }
         // Per-pool TTFT windows.
-        for e in self.pool_ttft.iter() {
-            let counts = e.value().take();
-            let w = st.pool_ttft.entry(Arc::from(&**e.key())).or_default();
-            w.push_back(counts);
+        let mut pools: HashMap<Arc<str>, [u64; NB]> = HashMap::new();
+        for (pool, h) in self.pool_ttft.entries() {
+            h.add_to(pools.entry(pool).or_insert([0; NB]));
+        }
+        for (pool, total) in pools {
+            let was = st
+                .seen_pool_ttft
+                .insert(pool.clone(), total)
+                .unwrap_or([0; NB]);
+            let w = st.pool_ttft.entry(pool).or_default();
+            w.push_back(since(&total, &was));
             while w.len() > TTFT_WINDOW_S {
                 w.pop_front();
             }
         }
         // Throughput: EWMA (α = 0.2 per second) of processed tokens per second.
-        for e in self.workers.iter() {
-            let n = e.tokens.swap(0, Ordering::Relaxed) as f64;
+        let mut tokens: HashMap<Arc<str>, u64> = HashMap::new();
+        for (w, n) in self.worker_tokens.entries() {
+            *tokens.entry(w).or_default() += n.get();
+        }
+        for (w, total) in tokens {
+            let was = st.seen_tokens.insert(w.clone(), total).unwrap_or(0);
+            let e = self.worker_acc(&w);
+            let n = total.wrapping_sub(was) as f64;
             let rate = n / dt;
             let old = e.tokens_per_s();
             let alpha = (0.2 * dt).min(1.0);
@@ -1001,13 +1048,20 @@ mod tests {
         let p90 = quantile(&c, 0.9).unwrap();
         assert!((0.1..=0.15).contains(&p90), "{p90}");
         assert!(quantile(&[0; NB], 0.5).is_none());
-        let h = AtomicHist::default();
+        let h = LocalHist::default();
         h.record(Duration::from_millis(12));
         h.record(Duration::from_secs(500));
-        let t = h.take();
+        let mut t = [0; NB];
+        h.add_to(&mut t);
         assert_eq!(t[i1], 1);
         assert_eq!(t[NB - 1], 1);
-        assert_eq!(h.take().iter().sum::<u64>(), 0);
+        // A tick takes what was recorded since the last one.
+        h.record(Duration::from_millis(12));
+        let mut t2 = [0; NB];
+        h.add_to(&mut t2);
+        let d = since(&t2, &t);
+        assert_eq!(d[i1], 1);
+        assert_eq!(d.iter().sum::<u64>(), 1);
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod access_log;
 pub mod cost;
 pub mod hub;
 pub mod labels;
+pub mod local;
 pub mod names;
 pub mod process;
 pub mod scaling;
@@ -15,12 +16,13 @@ pub use hub::{Finished, Hub, RequestTags};
 use crate::pool::Snapshot;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
-use metrics::{counter, gauge, histogram, Counter, Histogram, SharedString};
+use local::{LocalCount, LocalCounter, LocalHistogram};
+use metrics::{counter, gauge, Counter, SharedString};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::cell::RefCell;
 use std::hash::Hash;
 use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use thread_local::ThreadLocal;
 
@@ -44,11 +46,6 @@ pub fn install() -> PrometheusHandle {
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-                .expect("static buckets are valid")
-                .set_buckets_for_metric(
-                    Matcher::Full(names::GATEWAY_OVERHEAD_SECONDS.into()),
-                    OVERHEAD_BUCKETS,
-                )
                 .expect("static buckets are valid")
                 .build_recorder();
             let handle = recorder.handle();
@@ -118,7 +115,9 @@ pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> 
         hub.refresh_gauges();
     }
     let cpu = process::refresh();
+    local::flush();
     let mut out = handle.render();
+    local::render_into(&mut out);
     if let Some(hub) = hub {
         hub.render_into(&mut out);
     }
@@ -169,10 +168,10 @@ pub struct PairMetrics {
     pub pool: SharedString,
     pub worker: SharedString,
     pub region: SharedString,
-    pub ttft: Histogram,
-    pub itl: Histogram,
-    pub e2e: Histogram,
-    attempt_ok: Counter,
+    pub ttft: Arc<LocalHistogram>,
+    pub itl: Arc<LocalHistogram>,
+    pub e2e: Arc<LocalHistogram>,
+    attempt_ok: LocalCounter,
     /// `switchyard_requests_total` by (pool, region, tenant, endpoint, status, class, outcome).
     pub requests: CounterCache<RequestsKey>,
     /// `switchyard_tokens_total` by (pool, region, tenant, kind).
@@ -226,17 +225,18 @@ impl PairMetrics {
         region: SharedString,
     ) -> PairMetrics {
         let labels = [
-            (names::L_MODEL, model.clone()),
-            (names::L_POOL, pool.clone()),
-            (names::L_WORKER, worker.clone()),
-            (names::L_REGION, region.clone()),
+            (names::L_MODEL, &*model),
+            (names::L_POOL, &*pool),
+            (names::L_WORKER, &*worker),
+            (names::L_REGION, &*region),
         ];
+        let latency = |(name, help)| local::histogram(name, help, LATENCY_BUCKETS, &labels);
         PairMetrics {
-            ttft: histogram!(names::TTFT_SECONDS, &labels),
-            itl: histogram!(names::ITL_SECONDS, &labels),
-            e2e: histogram!(names::E2E_SECONDS, &labels),
-            attempt_ok: counter!(names::UPSTREAM_ATTEMPTS_TOTAL,
-                names::L_WORKER => worker.clone(), names::L_RESULT => "ok"),
+            ttft: latency((names::TTFT_SECONDS, names::TTFT_HELP)),
+            itl: latency((names::ITL_SECONDS, names::ITL_HELP)),
+            e2e: latency((names::E2E_SECONDS, names::E2E_HELP)),
+            attempt_ok: LocalCounter::new(counter!(names::UPSTREAM_ATTEMPTS_TOTAL,
+                names::L_WORKER => worker.clone(), names::L_RESULT => "ok")),
             requests: CounterCache::default(),
             tokens: CounterCache::default(),
             model,
@@ -273,7 +273,9 @@ pub fn record_request(tags: &RequestTags, f: Finished<'_>) {
 /// Each serving thread has its own map, so a lookup takes no lock and clones
 /// nothing that another thread touches. Keys are made of bounded label values
 /// only, so every map is bounded too.
-pub struct CounterCache<K: Send>(ThreadLocal<RefCell<hashbrown::HashMap<K, Counter, RandomState>>>);
+pub struct CounterCache<K: Send>(
+    ThreadLocal<RefCell<hashbrown::HashMap<K, Arc<LocalCount>, RandomState>>>,
+);
 
 /// A concurrent map with a fast non-cryptographic hasher, for keys made of
 /// bounded label values (never client-controlled strings).
@@ -291,12 +293,12 @@ impl<K: Hash + Eq + Send> CounterCache<K> {
     pub fn increment<Q: CacheKey<K>>(&self, key: &Q, n: u64, make: impl FnOnce(&K) -> Counter) {
         let mut map = self.0.get_or_default().borrow_mut();
         if let Some(c) = map.get(key) {
-            c.increment(n);
+            c.add(n);
             return;
         }
         let k = key.to_key();
-        let c = make(&k);
-        c.increment(n);
+        let c = local::counter_slot(make(&k));
+        c.add(n);
         map.insert(k, c);
     }
 }
@@ -351,14 +353,19 @@ impl CacheKey<TokensKey> for Borrowed<TokensRef<'_>> {
 /// Per-pool metric handles, resolved when the pool's runtime is built.
 pub struct PoolMetrics {
     pub name: SharedString,
-    overhead: Histogram,
+    overhead: Arc<LocalHistogram>,
     decisions: CounterCache<(&'static str, &'static str)>,
 }
 
 impl PoolMetrics {
     pub fn new(name: SharedString) -> PoolMetrics {
         PoolMetrics {
-            overhead: histogram!(names::GATEWAY_OVERHEAD_SECONDS, names::L_POOL => name.clone()),
+            overhead: local::histogram(
+                names::GATEWAY_OVERHEAD_SECONDS,
+                names::GATEWAY_OVERHEAD_HELP,
+                OVERHEAD_BUCKETS,
+                &[(names::L_POOL, &name)],
+            ),
             decisions: CounterCache::default(),
             name,
         }

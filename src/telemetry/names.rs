@@ -1,12 +1,18 @@
 //! Every metric name, label key and help text, in one place. Tests and docs import
 //! these rather than retyping strings.
 
-use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+use metrics::{describe_counter, describe_gauge, Unit};
 
 pub const REQUESTS_TOTAL: &str = "switchyard_requests_total";
 pub const TTFT_SECONDS: &str = "switchyard_ttft_seconds";
 pub const ITL_SECONDS: &str = "switchyard_itl_seconds";
 pub const E2E_SECONDS: &str = "switchyard_e2e_seconds";
+// Help text of the histograms recorded per thread (`telemetry::local`), which
+// renders them itself.
+pub const TTFT_HELP: &str =
+    "Time from request arrival at the gateway to the first response event carrying generated content.";
+pub const ITL_HELP: &str = "Gap between successive content events of a streamed response.";
+pub const E2E_HELP: &str = "Time from request arrival to the end of the response body.";
 pub const TOKENS_TOTAL: &str = "switchyard_tokens_total";
 pub const GATEWAY_ERRORS_TOTAL: &str = "switchyard_gateway_errors_total";
 pub const UPSTREAM_ATTEMPTS_TOTAL: &str = "switchyard_upstream_attempts_total";
@@ -53,6 +59,7 @@ pub const FALLBACKS_SKIPPED_TOTAL: &str = "switchyard_fallbacks_skipped_total";
 // ---- Observability and cost (issue 6) ----
 pub const COST_USD_TOTAL: &str = "switchyard_cost_usd_total";
 pub const GATEWAY_OVERHEAD_SECONDS: &str = "switchyard_gateway_overhead_seconds";
+pub const GATEWAY_OVERHEAD_HELP: &str = "Time a request spent in the gateway itself: arrival to response head, minus upstream waits, queue waits and retry backoff.";
 pub const PROCESS_CPU_SECONDS_TOTAL: &str = "switchyard_process_cpu_seconds_total";
 pub const PROCESS_RESIDENT_MEMORY_BYTES: &str = "switchyard_process_resident_memory_bytes";
 pub const CACHE_PREDICTED_TOKENS_TOTAL: &str = "switchyard_cache_predicted_tokens_total";
@@ -98,21 +105,6 @@ pub fn describe() {
     describe_counter!(
         REQUESTS_TOTAL,
         "Proxied requests by model, worker, endpoint, final status and outcome (completed, cancelled, error)."
-    );
-    describe_histogram!(
-        TTFT_SECONDS,
-        Unit::Seconds,
-        "Time from request arrival at the gateway to the first response event carrying generated content."
-    );
-    describe_histogram!(
-        ITL_SECONDS,
-        Unit::Seconds,
-        "Gap between successive content events of a streamed response."
-    );
-    describe_histogram!(
-        E2E_SECONDS,
-        Unit::Seconds,
-        "Time from request arrival to the end of the response body."
     );
     describe_counter!(
         TOKENS_TOTAL,
@@ -176,11 +168,6 @@ pub fn describe() {
 
 /// Help text for the observability and cost metrics (issue 6).
 fn describe_observability() {
-    describe_histogram!(
-        GATEWAY_OVERHEAD_SECONDS,
-        Unit::Seconds,
-        "Time a request spent in the gateway itself: arrival to response head, minus upstream waits, queue waits and retry backoff."
-    );
     describe_gauge!(
         PROCESS_RESIDENT_MEMORY_BYTES,
         "Resident memory of the gateway process."
@@ -250,6 +237,10 @@ fn describe_routing() {
     describe_gauge!(
         WORKER_RUNNING,
         "Running requests reported by the worker's last /metrics scrape."
+    );
+    describe_gauge!(
+        CONNECTIONS_OPEN,
+        "Client connections the gateway currently holds open."
     );
     describe_gauge!(
         WORKER_KV_USAGE_RATIO,

@@ -1,0 +1,363 @@
+//! Per-thread counters and histograms for the request path.
+//!
+//! Every proxied request bumps a handful of counters and records two or three
+//! latency histograms. Through the `metrics` recorder each of those is a few
+//! locked read-modify-write instructions on memory every serving thread shares
+//! (the exporter's histogram also pins a crossbeam epoch per sample); in the
+//! overhead profile about a third of the gateway's own samples sit just after a
+//! locked instruction. Here each thread keeps its own running totals, written
+//! with plain loads and stores (one writer per cell, so no update is lost), and
+//! the Prometheus render reads them:
+//!
+//! - a counter's per-thread total is added to its `metrics` counter by [`flush`],
+//!   which [`super::render`] calls first (so the exporter still owns counters);
+//! - a histogram is rendered here ([`render_into`]), summing the threads' buckets.
+//!
+//! Entries are created per label set (bounded label values only) and per thread,
+//! and live as long as the process, like the exporter's own registry, so series
+//! stay continuous across config reloads.
+
+use foldhash::fast::RandomState;
+use metrics::Counter;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use thread_local::ThreadLocal;
+
+/// A running total written by one thread only: an add is a load and a store, no
+/// locked instruction. Readers on other threads see a value that only grows.
+#[derive(Default)]
+pub struct LocalCount(AtomicU64);
+
+impl LocalCount {
+    #[inline]
+    pub fn add(&self, n: u64) {
+        self.0.store(self.0.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
+}
+
+/// A per-thread total not yet handed to its `metrics` counter.
+struct Pending {
+    counter: Counter,
+    count: Arc<LocalCount>,
+    flushed: u64,
+}
+
+fn pending() -> &'static Mutex<Vec<Pending>> {
+    static PENDING: OnceLock<Mutex<Vec<Pending>>> = OnceLock::new();
+    PENDING.get_or_init(Default::default)
+}
+
+/// A new per-thread total for `counter`, flushed into it by [`flush`].
+pub fn counter_slot(counter: Counter) -> Arc<LocalCount> {
+    let count = Arc::new(LocalCount::default());
+    pending()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Pending {
+            counter,
+            count: count.clone(),
+            flushed: 0,
+        });
+    count
+}
+
+/// Add what every thread counted since the last flush to the `metrics` counters.
+pub fn flush() {
+    let mut all = pending().lock().unwrap_or_else(PoisonError::into_inner);
+    for p in all.iter_mut() {
+        let now = p.count.get();
+        if now != p.flushed {
+            p.counter.increment(now.wrapping_sub(p.flushed));
+            p.flushed = now;
+        }
+    }
+}
+
+/// A counter with a running total per thread (see the module docs).
+pub struct LocalCounter {
+    counter: Counter,
+    threads: ThreadLocal<Arc<LocalCount>>,
+}
+
+impl LocalCounter {
+    pub fn new(counter: Counter) -> LocalCounter {
+        LocalCounter {
+            counter,
+            threads: ThreadLocal::new(),
+        }
+    }
+
+    #[inline]
+    pub fn increment(&self, n: u64) {
+        self.threads
+            .get_or(|| counter_slot(self.counter.clone()))
+            .add(n);
+    }
+}
+
+/// One thread's values of a [`LocalMap`], by key.
+type KeyedValues<V> = HashMap<Arc<str>, Arc<V>, RandomState>;
+
+/// Running totals (`V`, made of [`LocalCount`]s) per thread and per key, for an
+/// aggregator that reads them all: [`LocalMap::entries`] lists every thread's
+/// value of every key.
+pub struct LocalMap<V: Send + Sync> {
+    threads: ThreadLocal<RefCell<KeyedValues<V>>>,
+    all: Mutex<Vec<(Arc<str>, Arc<V>)>>,
+}
+
+impl<V: Default + Send + Sync> Default for LocalMap<V> {
+    fn default() -> Self {
+        LocalMap {
+            threads: ThreadLocal::new(),
+            all: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<V: Default + Send + Sync> LocalMap<V> {
+    /// Run `f` on this thread's value for `key`, created on first use.
+    #[inline]
+    pub fn with(&self, key: &str, f: impl FnOnce(&V)) {
+        let mut map = self.threads.get_or_default().borrow_mut();
+        if let Some(v) = map.get(key) {
+            return f(v);
+        }
+        let (k, v): (Arc<str>, Arc<V>) = (Arc::from(key), Arc::default());
+        self.all
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((k.clone(), v.clone()));
+        f(&v);
+        map.insert(k, v);
+    }
+
+    /// Every (key, one thread's value) pair so far.
+    pub fn entries(&self) -> Vec<(Arc<str>, Arc<V>)> {
+        self.all
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// One thread's buckets of a histogram: a count per bucket (the last is `+Inf`),
+/// the sum of the samples (`f64` bits) and their number.
+struct Cells {
+    buckets: Box<[LocalCount]>,
+    sum: AtomicU64,
+    count: LocalCount,
+}
+
+/// A Prometheus histogram with fixed buckets, recorded per thread.
+pub struct LocalHistogram {
+    bounds: &'static [f64],
+    threads: ThreadLocal<Cells>,
+}
+
+impl LocalHistogram {
+    /// Record one sample (seconds, or whatever unit the family uses).
+    #[inline]
+    pub fn record(&self, v: f64) {
+        let c = self.threads.get_or(|| Cells {
+            buckets: (0..=self.bounds.len())
+                .map(|_| LocalCount::default())
+                .collect(),
+            sum: AtomicU64::new(0f64.to_bits()),
+            count: LocalCount::default(),
+        });
+        // Bucket `le = b` holds the samples `<= b`: the first bound not below `v`.
+        let i = self.bounds.partition_point(|b| *b < v);
+        c.buckets[i].add(1);
+        c.count.add(1);
+        c.sum
+            .store((f64::from_bits(c.sum.load(Relaxed)) + v).to_bits(), Relaxed);
+    }
+
+    /// All threads' buckets (not cumulative), sum and count.
+    fn totals(&self) -> (Vec<u64>, f64, u64) {
+        let mut buckets = vec![0u64; self.bounds.len() + 1];
+        let (mut sum, mut count) = (0.0, 0);
+        for c in self.threads.iter() {
+            for (t, b) in buckets.iter_mut().zip(c.buckets.iter()) {
+                *t += b.get();
+            }
+            sum += f64::from_bits(c.sum.load(Relaxed));
+            count += c.count.get();
+        }
+        (buckets, sum, count)
+    }
+}
+
+/// A histogram family: name, help text and buckets; its series by label text.
+struct Family {
+    help: &'static str,
+    series: BTreeMap<String, Arc<LocalHistogram>>,
+}
+
+fn families() -> &'static Mutex<BTreeMap<&'static str, Family>> {
+    static FAMILIES: OnceLock<Mutex<BTreeMap<&'static str, Family>>> = OnceLock::new();
+    FAMILIES.get_or_init(Default::default)
+}
+
+/// The histogram `name` with these labels, created on first use. The same name
+/// and labels always give the same histogram, so a series outlives reloads.
+pub fn histogram(
+    name: &'static str,
+    help: &'static str,
+    bounds: &'static [f64],
+    labels: &[(&str, &str)],
+) -> Arc<LocalHistogram> {
+    let mut text = String::new();
+    for (i, (k, v)) in labels.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        let _ = write!(text, "{sep}{k}=\"{}\"", escape(v));
+    }
+    let mut all = families().lock().unwrap_or_else(PoisonError::into_inner);
+    let family = all.entry(name).or_insert_with(|| Family {
+        help,
+        series: BTreeMap::new(),
+    });
+    family
+        .series
+        .entry(text)
+        .or_insert_with(|| {
+            Arc::new(LocalHistogram {
+                bounds,
+                threads: ThreadLocal::new(),
+            })
+        })
+        .clone()
+}
+
+/// Append every histogram family in the Prometheus text format.
+pub fn render_into(out: &mut String) {
+    let all = families().lock().unwrap_or_else(PoisonError::into_inner);
+    for (name, family) in all.iter() {
+        let _ = writeln!(out, "# HELP {name} {}", family.help);
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (labels, h) in &family.series {
+            let (buckets, sum, count) = h.totals();
+            let sep = if labels.is_empty() { "" } else { "," };
+            let mut cumulative = 0;
+            for (i, n) in buckets.iter().enumerate() {
+                cumulative += n;
+                match h.bounds.get(i) {
+                    Some(b) => {
+                        let _ =
+                            writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
+                    }
+                    None => {
+                        let _ = writeln!(
+                            out,
+                            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+                        );
+                    }
+                }
+            }
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {sum}");
+            let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+        }
+    }
+}
+
+/// A label value escaped for the text format.
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOUNDS: &[f64] = &[0.01, 0.1, 1.0];
+
+    fn sample(text: &str, line_start: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(line_start))
+            .unwrap_or_else(|| panic!("no {line_start} in\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn histogram_sums_every_thread_into_cumulative_buckets() {
+        let h = histogram(
+            "test_local_a_seconds",
+            "help a",
+            BOUNDS,
+            &[("model", "m\"1")],
+        );
+        h.record(0.005);
+        h.record(0.1);
+        let h2 = h.clone();
+        std::thread::spawn(move || {
+            h2.record(0.5);
+            h2.record(7.0);
+        })
+        .join()
+        .unwrap();
+        let mut out = String::new();
+        render_into(&mut out);
+        let l = "test_local_a_seconds_bucket{model=\"m\\\"1\",le=";
+        assert_eq!(sample(&out, &format!("{l}\"0.01\"}}")), 1.0);
+        assert_eq!(sample(&out, &format!("{l}\"0.1\"}}")), 2.0);
+        assert_eq!(sample(&out, &format!("{l}\"1\"}}")), 3.0);
+        assert_eq!(sample(&out, &format!("{l}\"+Inf\"}}")), 4.0);
+        assert_eq!(
+            sample(&out, "test_local_a_seconds_count{model=\"m\\\"1\"}"),
+            4.0
+        );
+        let sum = sample(&out, "test_local_a_seconds_sum{model=\"m\\\"1\"}");
+        assert!((sum - 7.605).abs() < 1e-9, "{sum}");
+        assert_eq!(
+            out.matches("# TYPE test_local_a_seconds histogram").count(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_same_labels_give_the_same_series() {
+        let a = histogram("test_local_b_seconds", "help b", BOUNDS, &[("pool", "p")]);
+        a.record(0.2);
+        // A reload builds its handles again: the series continues.
+        let b = histogram("test_local_b_seconds", "help b", BOUNDS, &[("pool", "p")]);
+        b.record(0.3);
+        let mut out = String::new();
+        render_into(&mut out);
+        assert_eq!(sample(&out, "test_local_b_seconds_count{pool=\"p\"}"), 2.0);
+    }
+
+    #[test]
+    fn counts_from_several_threads_are_all_flushed() {
+        let c = Arc::new(LocalCounter::new(Counter::noop()));
+        let n = Arc::new(LocalCount::default());
+        let mut joins = Vec::new();
+        for _ in 0..4 {
+            let c = c.clone();
+            joins.push(std::thread::spawn(move || {
+                for _ in 0..1000 {
+                    c.increment(1);
+                }
+            }));
+        }
+        for j in joins {
+            j.join().unwrap();
+        }
+        let total: u64 = c.threads.iter().map(|t| t.get()).sum();
+        assert_eq!(total, 4000);
+        n.add(3);
+        n.add(4);
+        assert_eq!(n.get(), 7);
+    }
+}
