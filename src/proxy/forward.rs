@@ -115,7 +115,7 @@ pub struct ForwardContext<'a> {
     /// When the gateway received the request (TTFT and e2e start here).
     pub start: Instant,
     /// Tenant, labels, trace and wait accounting of the request.
-    pub tags: &'a RequestTags,
+    pub tags: &'a Arc<RequestTags>,
     /// The regions the request may be served in (`None`: anywhere).
     pub residency: Option<&'a Residency>,
     /// Region names, for messages.
@@ -775,8 +775,8 @@ pub(crate) fn respond(
     let worker = &ctx.route.workers[idx];
     // The response's tags: the route as finally taken, with the prefix index's
     // prediction so observe can compare it with the worker's `cached_tokens`.
-    let tags = ctx.tags.for_response(
-        &SharedString::from(ctx.route.pool.name.clone()),
+    let route = ctx.tags.route(
+        &ctx.route.pool.metrics.name,
         worker,
         ctx.route.policy.name(),
         reason.as_str(),
@@ -800,7 +800,8 @@ pub(crate) fn respond(
             idle: ctx.timeouts.idle,
             deadline,
             guard,
-            tags,
+            tags: ctx.tags.clone(),
+            route,
         },
     );
     if ctx.debug_headers {

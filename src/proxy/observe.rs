@@ -5,7 +5,9 @@
 
 use crate::api::ErrorBody;
 use crate::pool::InFlightGuard;
-use crate::telemetry::{self, names, Finished, Outcome, PairMetrics, RequestMetrics, RequestTags};
+use crate::telemetry::{
+    self, names, Finished, Outcome, PairMetrics, RequestMetrics, RequestTags, RouteTags,
+};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
@@ -73,7 +75,9 @@ pub struct ObserveParams {
     pub deadline: Instant,
     pub guard: InFlightGuard,
     /// Request context for metrics labels, cost, access log and trace.
-    pub tags: RequestTags,
+    pub tags: Arc<RequestTags>,
+    /// The route this response took.
+    pub route: RouteTags,
 }
 
 /// Measurements taken from the bytes as they pass.
@@ -238,6 +242,7 @@ impl Drop for Observer {
         };
         telemetry::record_request(
             &self.p.tags,
+            &self.p.route,
             Finished {
                 pair: &self.p.metrics,
                 endpoint: telemetry::ENDPOINTS[self.p.endpoint],

@@ -51,15 +51,22 @@ where
         .as_ref()
         .map(|t| t.sample_ratio);
     let trace = TraceContext::from_headers(&parts.headers, sample);
-    let mut tags = gw
-        .hub
-        .tags(snap.config.clone(), request_id.clone(), tenant, trace);
+    // Shared with the response observer once a worker answers; until the first
+    // attempt nothing else holds it, so admission can still fill it in.
+    let mut tags = Arc::new(
+        gw.hub
+            .tags(snap.config.clone(), request_id.clone(), tenant, trace),
+    );
     let result = async {
         let body = read_body(body, &parts.headers, server.max_body_bytes).await?;
-        tags.request_bytes = body.len() as u64;
+        if let Some(t) = Arc::get_mut(&mut tags) {
+            t.request_bytes = body.len() as u64;
+        }
         let info = api::inspect(&body)
             .map_err(|InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
-        tags.stream = info.stream;
+        if let Some(t) = Arc::get_mut(&mut tags) {
+            t.stream = info.stream;
+        }
         let name = info
             .model
             .as_deref()
@@ -89,7 +96,9 @@ where
             body
         };
         known = Some(route);
-        tags.pool = Some(route.pool.name.clone().into());
+        if let Some(t) = Arc::get_mut(&mut tags) {
+            t.pool = Some(route.pool.metrics.name.clone());
+        }
         if tags.tracing() {
             let attrs = vec![
                 ("switchyard.tenant", (*tags.tenant.name).into()),

@@ -87,10 +87,9 @@ pub fn quantile(counts: &[u64; NB], q: f64) -> Option<f64> {
     LATENCY_BUCKETS.last().copied()
 }
 
-/// Everything known about one request, carried from admission to the observer.
-/// The forwarding phases see it by shared reference: attempts and time spent
-/// waiting are atomics; the route taken is filled in on the copy handed to the
-/// response observer ([`RequestTags::for_response`]).
+/// Everything known about one request at admission, shared (behind an `Arc`) by
+/// the forwarding phases and the response observer. Attempts and time spent
+/// waiting are atomics; the route a response took is in its [`RouteTags`].
 pub struct RequestTags {
     pub hub: Arc<Hub>,
     pub config: Arc<Config>,
@@ -101,67 +100,50 @@ pub struct RequestTags {
     pub request_bytes: u64,
     pub stream: bool,
     pub trace: TraceContext,
+    /// The pool the model name resolved to.
     pub pool: Option<SharedString>,
-    pub worker: Option<Arc<str>>,
-    /// The worker's `tier` label, for the price table.
-    pub tier: Option<Box<str>>,
-    pub region: SharedString,
-    pub policy: Option<&'static str>,
-    pub reason: Option<&'static str>,
     attempts: AtomicU32,
     /// Time spent waiting on workers, the pool queue and retry backoff (ns).
     waited_ns: AtomicU64,
+}
+
+/// The route one response took: the worker that answers it, for its metric
+/// labels, its price and the cache-prediction check.
+pub struct RouteTags {
+    pub pool: SharedString,
+    pub worker: Arc<str>,
+    /// The worker's `tier` label, for the price table.
+    pub tier: Option<Box<str>>,
+    pub region: SharedString,
+    pub policy: &'static str,
+    pub reason: &'static str,
     /// Prompt tokens the router expects the chosen worker to have cached.
     pub predicted_cached_tokens: Option<u64>,
 }
 
-impl Clone for RequestTags {
-    fn clone(&self) -> Self {
-        RequestTags {
-            hub: self.hub.clone(),
-            config: self.config.clone(),
-            request_id: self.request_id.clone(),
-            tenant: self.tenant.clone(),
-            tenant_label: self.tenant_label.clone(),
-            request_bytes: self.request_bytes,
-            stream: self.stream,
-            trace: self.trace.clone(),
-            pool: self.pool.clone(),
-            worker: self.worker.clone(),
-            tier: self.tier.clone(),
-            region: self.region.clone(),
-            policy: self.policy,
-            reason: self.reason,
-            attempts: AtomicU32::new(self.attempts()),
-            waited_ns: AtomicU64::new(self.waited_ns.load(Ordering::Relaxed)),
-            predicted_cached_tokens: self.predicted_cached_tokens,
-        }
-    }
-}
-
 impl RequestTags {
-    /// A copy for the response observer, with the route as finally taken.
-    pub fn for_response(
+    /// The route a response took, for its observer.
+    pub fn route(
         &self,
         pool: &SharedString,
         worker: &Worker,
         policy: &'static str,
         reason: &'static str,
         predicted_cached_tokens: Option<u64>,
-    ) -> RequestTags {
-        let mut t = self.clone();
-        t.pool = Some(pool.clone());
+    ) -> RouteTags {
         let region = worker
             .labels
             .get(REGION_LABEL_KEY)
             .map_or(UNKNOWN_REGION, String::as_str);
-        t.region = self.hub.regions.get(region);
-        t.worker = Some(worker.id.clone());
-        t.tier = worker.labels.get(TIER_LABEL_KEY).map(|s| s.as_str().into());
-        t.policy = Some(policy);
-        t.reason = Some(reason);
-        t.predicted_cached_tokens = predicted_cached_tokens;
-        t
+        RouteTags {
+            pool: pool.clone(),
+            worker: worker.id.clone(),
+            tier: worker.labels.get(TIER_LABEL_KEY).map(|s| s.as_str().into()),
+            region: self.hub.regions.get(region),
+            policy,
+            reason,
+            predicted_cached_tokens,
+        }
     }
 
     /// Count an upstream attempt; returns its number (1-based).
@@ -399,14 +381,8 @@ impl Hub {
             stream: false,
             trace,
             pool: None,
-            worker: None,
-            tier: None,
-            region: SharedString::const_str(NONE_LABEL),
-            policy: None,
-            reason: None,
             attempts: AtomicU32::new(0),
             waited_ns: AtomicU64::new(0),
-            predicted_cached_tokens: None,
         }
     }
 
@@ -424,16 +400,15 @@ impl Hub {
 
     /// A proxied request finished (body ended or dropped): metrics, cost, cache
     /// accuracy, dashboard aggregates, access log, trace span.
-    pub fn finish(&self, tags: &RequestTags, f: Finished<'_>) {
+    pub fn finish(&self, tags: &RequestTags, route: &RouteTags, f: Finished<'_>) {
         let m = f.m;
-        let none = SharedString::const_str(NONE_LABEL);
-        let pool = tags.pool.as_ref().unwrap_or(&none);
+        let pool = &route.pool;
         let class = proxied_class(f.status, f.outcome);
         let pair = f.pair;
         pair.requests.increment(
             &Borrowed((
                 pool,
-                &tags.region,
+                &route.region,
                 &tags.tenant_label,
                 f.endpoint,
                 status_label(f.status),
@@ -474,7 +449,7 @@ impl Hub {
         ] {
             if n > 0 {
                 pair.tokens.increment(
-                    &Borrowed((pool, &tags.region, &tags.tenant_label, kind)),
+                    &Borrowed((pool, &route.region, &tags.tenant_label, kind)),
                     n,
                     |(pool, region, tenant, kind)| {
                         counter!(
@@ -493,20 +468,19 @@ impl Hub {
 
         // Cost: the most specific price row for (model, pool, worker tier).
         let mut cost_usd = 0.0;
-        if let Some(w) = &tags.worker {
-            self.worker_tokens.with(w, |n| n.add(toks.processed()));
-            let tier = tags.tier.as_deref();
-            if let Some(price) =
-                cost::find_price(&tags.config.observability.prices, &f.pair.model, pool, tier)
-            {
-                cost_usd = cost::cost_usd(&price.rate, toks, self.worker_acc(w).tokens_per_s());
-            }
+        let w = &route.worker;
+        self.worker_tokens.with(w, |n| n.add(toks.processed()));
+        let tier = route.tier.as_deref();
+        if let Some(price) =
+            cost::find_price(&tags.config.observability.prices, &f.pair.model, pool, tier)
+        {
+            cost_usd = cost::cost_usd(&price.rate, toks, self.worker_acc(w).tokens_per_s());
         }
         let nano = (cost_usd * 1e9).round() as u64;
         if nano > 0 {
             let key = (
                 f.pair.model.clone(),
-                tags.region.clone(),
+                route.region.clone(),
                 tags.tenant_label.clone(),
             );
             match self.costs.get(&key) {
@@ -524,7 +498,7 @@ impl Hub {
         }
 
         // Predicted vs actual cache hits.
-        if let (Some(pred), Some(_)) = (tags.predicted_cached_tokens, m.prompt_tokens) {
+        if let (Some(pred), Some(_)) = (route.predicted_cached_tokens, m.prompt_tokens) {
             let actual = toks.cached;
             counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone())
                 .increment(pred);
@@ -555,7 +529,7 @@ impl Hub {
         second.output_tokens.add(toks.output);
 
         if let Some(t) = &self.tracer {
-            t.end_request_span(tags, f.status, f.outcome.as_str(), m.e2e);
+            t.end_request_span(tags, Some(route), f.status, f.outcome.as_str(), m.e2e);
         }
         if let Some(log) = &self.access_log {
             log.log(AccessRecord {
@@ -564,11 +538,11 @@ impl Hub {
                 tenant: tags.tenant.name.clone(),
                 model: Some(Arc::from(&*f.pair.model)),
                 endpoint: f.endpoint,
-                pool: tags.pool.as_ref().map(|p| Arc::from(&**p)),
-                worker: tags.worker.clone(),
-                region: Some(Arc::from(&*tags.region)),
-                policy: tags.policy,
-                reason: tags.reason,
+                pool: Some(Arc::from(&*route.pool)),
+                worker: Some(route.worker.clone()),
+                region: Some(Arc::from(&*route.region)),
+                policy: Some(route.policy),
+                reason: Some(route.reason),
                 attempts: tags.attempts(),
                 status: f.status,
                 outcome: f.outcome.as_str(),
@@ -581,7 +555,7 @@ impl Hub {
                 prompt_tokens: m.prompt_tokens,
                 cached_tokens: m.cached_tokens,
                 output_tokens: m.output_tokens,
-                predicted_cached_tokens: tags.predicted_cached_tokens,
+                predicted_cached_tokens: route.predicted_cached_tokens,
                 cost_usd,
                 request_bytes: tags.request_bytes,
                 response_bytes: m.response_bytes,
@@ -607,18 +581,14 @@ impl Hub {
             .pool
             .clone()
             .unwrap_or(SharedString::const_str(NONE_LABEL));
-        let worker = tags
-            .worker
-            .as_ref()
-            .map_or(SharedString::const_str(NONE_LABEL), |w| {
-                SharedString::from(w.clone())
-            });
+        // The gateway answered itself: no worker, so no region either.
+        let none = SharedString::const_str(NONE_LABEL);
         counter!(
             names::REQUESTS_TOTAL,
             names::L_MODEL => model_label,
             names::L_POOL => pool,
-            names::L_WORKER => worker,
-            names::L_REGION => tags.region.clone(),
+            names::L_WORKER => none.clone(),
+            names::L_REGION => none,
             names::L_TENANT => tags.tenant_label.clone(),
             names::L_ENDPOINT => endpoint,
             names::L_STATUS => status_label(status),
@@ -630,7 +600,7 @@ impl Hub {
         second.requests.add(1);
         second.errors.add(1);
         if let Some(t) = &self.tracer {
-            t.end_request_span(tags, status, reason, elapsed);
+            t.end_request_span(tags, None, status, reason, elapsed);
         }
         if let Some(log) = &self.access_log {
             log.log(AccessRecord {
@@ -640,10 +610,10 @@ impl Hub {
                 model: model.map(Arc::from),
                 endpoint,
                 pool: tags.pool.as_ref().map(|p| Arc::from(&**p)),
-                worker: tags.worker.clone(),
-                region: tags.worker.as_ref().map(|_| Arc::from(&*tags.region)),
-                policy: tags.policy,
-                reason: tags.reason,
+                worker: None,
+                region: None,
+                policy: None,
+                reason: None,
                 attempts: tags.attempts(),
                 status,
                 outcome: "gateway_error",
@@ -656,7 +626,7 @@ impl Hub {
                 prompt_tokens: None,
                 cached_tokens: None,
                 output_tokens: 0,
-                predicted_cached_tokens: tags.predicted_cached_tokens,
+                predicted_cached_tokens: None,
                 cost_usd: 0.0,
                 request_bytes: tags.request_bytes,
                 response_bytes: 0,

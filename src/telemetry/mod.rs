@@ -11,7 +11,7 @@ pub mod process;
 pub mod scaling;
 pub mod trace;
 
-pub use hub::{Finished, Hub, RequestTags};
+pub use hub::{Finished, Hub, RequestTags, RouteTags};
 
 use crate::pool::Snapshot;
 use dashmap::DashMap;
@@ -263,8 +263,8 @@ impl PairMetrics {
 
 /// Record a finished proxied request: Prometheus families, cost, cache accuracy,
 /// dashboard aggregates, access log and trace (see [`Hub::finish`]).
-pub fn record_request(tags: &RequestTags, f: Finished<'_>) {
-    tags.hub.finish(tags, f);
+pub fn record_request(tags: &RequestTags, route: &RouteTags, f: Finished<'_>) {
+    tags.hub.finish(tags, route, f);
 }
 
 /// Counters resolved once per distinct label combination. The request path then

@@ -8,7 +8,7 @@
 //! (accepted by the OpenTelemetry Collector, Jaeger and Tempo), and it keeps the
 //! protobuf/gRPC stacks out of the build (see `docs/observability.md`).
 
-use super::hub::RequestTags;
+use super::hub::{RequestTags, RouteTags};
 use super::names;
 use crate::config::observability::TracingConfig;
 use bytes::Bytes;
@@ -193,7 +193,14 @@ impl Tracer {
     }
 
     /// The request's own span, from arrival to the end of the response.
-    pub fn end_request_span(&self, tags: &RequestTags, status: u16, outcome: &str, e2e: Duration) {
+    pub fn end_request_span(
+        &self,
+        tags: &RequestTags,
+        route: Option<&RouteTags>,
+        status: u16,
+        outcome: &str,
+        e2e: Duration,
+    ) {
         let t = &tags.trace;
         if !t.sampled {
             return;
@@ -205,11 +212,11 @@ impl Tracer {
             ("switchyard.tenant", json!(&*tags.tenant.name)),
             ("switchyard.attempts", json!(tags.attempts())),
         ];
-        if let Some(p) = &tags.pool {
+        if let Some(p) = route.map(|r| &r.pool).or(tags.pool.as_ref()) {
             attrs.push(("switchyard.pool", json!(&**p)));
         }
-        if let Some(w) = &tags.worker {
-            attrs.push(("switchyard.worker", json!(&**w)));
+        if let Some(r) = route {
+            attrs.push(("switchyard.worker", json!(&*r.worker)));
         }
         self.record(Span {
             trace_id: t.trace_id,
