@@ -14,6 +14,17 @@ use serde_json::json;
 use support::*;
 use switchyard::telemetry::names;
 
+/// A short streamed chat completion that must succeed.
+async fn stream_chat(url: &str, model: &str) {
+    let (status, _) = stream_text(
+        url,
+        json!({"model": model, "stream": true, "max_tokens": 4,
+               "messages": [{"role":"user","content":"count"}]}),
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test]
 async fn the_first_gateway_in_a_process_records_request_metrics() {
     let s = sims(1, 20.0).await;
@@ -22,13 +33,7 @@ async fn the_first_gateway_in_a_process_records_request_metrics() {
     // Static models: the snapshot (and its metric handles) is built at start.
     let gw = gateway(&pool_toml(&model, &[u[0].as_str()], "")).await;
     let url = gw.url();
-    let (status, _) = stream_text(
-        &url,
-        json!({"model": model, "stream": true, "max_tokens": 4,
-               "messages": [{"role":"user","content":"count"}]}),
-    )
-    .await;
-    assert_eq!(status, 200);
+    stream_chat(&url, &model).await;
     let text = scrape(&url).await;
     let ttft = metric_sum(&text, names::TTFT_SECONDS, &[]);
     assert!(ttft >= 1.0, "no TTFT sample recorded:\n{text}");
@@ -50,16 +55,7 @@ async fn per_thread_counters_and_histograms_render_once_and_exactly() {
     let upstream = format!("upstream_model = \"{}\"", sim_model());
     let gw = gateway(&pool_toml(&model, &[u[0].as_str()], &upstream)).await;
     let url = gw.url();
-    let chat = || async {
-        let (status, _) = stream_text(
-            &url,
-            json!({"model": model, "stream": true, "max_tokens": 3,
-                   "messages": [{"role":"user","content":"count"}]}),
-        )
-        .await;
-        assert_eq!(status, 200);
-    };
-    chat().await;
+    stream_chat(&url, &model).await;
     let first = scrape(&url).await;
     let requests = |text: &str| metric_sum(text, names::REQUESTS_TOTAL, &[("model", &model)]);
     let e2e_count = format!("{}_count", names::E2E_SECONDS);
@@ -67,7 +63,7 @@ async fn per_thread_counters_and_histograms_render_once_and_exactly() {
     assert_eq!(requests(&first), 1.0, "{first}");
     assert_eq!(e2e(&first), 1.0, "{first}");
     for _ in 0..3 {
-        chat().await;
+        stream_chat(&url, &model).await;
     }
     let second = scrape(&url).await;
     assert_eq!(requests(&second), 4.0, "{second}");

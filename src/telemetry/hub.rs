@@ -10,7 +10,7 @@
 
 use super::access_log::{self, AccessLog, AccessRecord};
 use super::labels::BoundedLabels;
-use super::local::{LocalCount, LocalMap};
+use super::local::{escape, LocalCount, LocalMap};
 use super::scaling::{Recommendation, Scaler, ScalingInput};
 use super::trace::{TraceContext, Tracer};
 use super::{
@@ -993,12 +993,6 @@ pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 #[cfg(test)]

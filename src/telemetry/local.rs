@@ -268,8 +268,8 @@ pub fn render_into(out: &mut String) {
     }
 }
 
-/// A label value escaped for the text format.
-fn escape(s: &str) -> String {
+/// A label value escaped for the Prometheus text format.
+pub(crate) fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
