@@ -22,7 +22,7 @@ use metrics::Counter;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use thread_local::ThreadLocal;
 
@@ -69,15 +69,23 @@ pub fn counter_slot(counter: Counter) -> Arc<LocalCount> {
 }
 
 /// Add what every thread counted since the last flush to the `metrics` counters.
+/// A total nobody else holds any more (its cache went with a replaced routing
+/// snapshot) is flushed a last time and forgotten, so reloads leave nothing behind.
 pub fn flush() {
     let mut all = pending().lock().unwrap_or_else(PoisonError::into_inner);
-    for p in all.iter_mut() {
+    all.retain_mut(|p| {
+        let orphan = Arc::strong_count(&p.count) == 1;
+        if orphan {
+            // The last holder's adds happened before it dropped its reference.
+            fence(Acquire);
+        }
         let now = p.count.get();
         if now != p.flushed {
             p.counter.increment(now.wrapping_sub(p.flushed));
             p.flushed = now;
         }
-    }
+        !orphan
+    });
 }
 
 /// A counter with a running total per thread (see the module docs).
@@ -336,6 +344,36 @@ mod tests {
         let mut out = String::new();
         render_into(&mut out);
         assert_eq!(sample(&out, "test_local_b_seconds_count{pool=\"p\"}"), 2.0);
+    }
+
+    /// A counter that keeps what it is given.
+    struct Kept(AtomicU64);
+
+    impl metrics::CounterFn for Kept {
+        fn increment(&self, n: u64) {
+            self.0.fetch_add(n, Relaxed);
+        }
+        fn absolute(&self, n: u64) {
+            self.0.fetch_max(n, Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_dropped_counter_is_flushed_once_more_then_forgotten() {
+        let kept = Arc::new(Kept(AtomicU64::new(0)));
+        let c = LocalCounter::new(Counter::from_arc(kept.clone()));
+        c.increment(5);
+        flush();
+        assert_eq!(kept.0.load(Relaxed), 5);
+        c.increment(2);
+        let slot = Arc::downgrade(c.threads.iter().next().unwrap());
+        // Its routing snapshot is replaced: the cache goes, its last counts do not.
+        drop(c);
+        flush();
+        assert_eq!(kept.0.load(Relaxed), 7);
+        assert!(slot.upgrade().is_none(), "the orphaned total is forgotten");
+        flush();
+        assert_eq!(kept.0.load(Relaxed), 7, "and counted only once");
     }
 
     #[test]
