@@ -922,6 +922,9 @@ pub fn spawn_ticker(hub: Arc<Hub>, registry: Arc<Registry>) {
         loop {
             every.tick().await;
             hub.tick(Instant::now(), &registry.snapshot());
+            // Per-thread counter totals reach the exporter at least once a second
+            // (and those of replaced snapshots are dropped), scraped or not.
+            super::local::flush();
         }
     });
 }
