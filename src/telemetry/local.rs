@@ -10,12 +10,13 @@
 //! the Prometheus render reads them:
 //!
 //! - a counter's per-thread total is added to its `metrics` counter by [`flush`],
-//!   which [`super::render`] calls first (so the exporter still owns counters);
+//!   which [`super::render`] calls first and the hub's ticker once a second (so the
+//!   exporter still owns counters); a total whose cache went with a replaced
+//!   routing snapshot is flushed a last time and dropped;
 //! - a histogram is rendered here ([`render_into`]), summing the threads' buckets.
-//!
-//! Entries are created per label set (bounded label values only) and per thread,
-//! and live as long as the process, like the exporter's own registry, so series
-//! stay continuous across config reloads.
+//!   Its series are kept by name and label values (bounded values only) for the
+//!   life of the process, like the exporter's own registry, so they stay
+//!   continuous across config reloads.
 
 use foldhash::fast::RandomState;
 use metrics::Counter;
