@@ -257,7 +257,7 @@ impl UpstreamClient {
         })
     }
 
-    /// Close this thread's idle connections unused for [`IDLE_TIMEOUT`] and
+    /// Close this thread's idle connections unused for `IDLE_TIMEOUT` and
     /// forget closed ones, so connections to upstreams no longer routed to do
     /// not linger. Thread-per-core serving calls it once a tick.
     pub fn sweep_idle_connections() {
