@@ -16,7 +16,9 @@
 //! - a histogram is rendered here ([`render_into`]), summing the threads' buckets.
 //!   Its series are kept by name and label values (bounded values only) for the
 //!   life of the process, like the exporter's own registry, so they stay
-//!   continuous across config reloads.
+//!   continuous across config reloads. Memory: about 260 bytes per series per
+//!   thread that recorded into it (28 buckets, sum, count), e.g. 3 MB for the three
+//!   latency families of 64 workers on 64 serving threads.
 
 use foldhash::fast::RandomState;
 use metrics::Counter;
