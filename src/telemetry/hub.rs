@@ -746,6 +746,15 @@ impl Hub {
             e.tps_bits
                 .store((old + alpha * (rate - old)).to_bits(), Ordering::Relaxed);
         }
+        // Forget the running totals of workers and pools that are gone (discovery
+        // churn would otherwise grow these maps for good).
+        let live: std::collections::HashSet<&str> = snap.workers().map(|w| &*w.id).collect();
+        self.worker_tokens.retain(|w| live.contains(w));
+        self.workers.retain(|w, _| live.contains(&**w));
+        st.seen_tokens.retain(|w, _| live.contains(&**w));
+        let pool_live = |p: &str| snap.pools.iter().any(|x| &*x.name == p);
+        self.pool_ttft.retain(pool_live);
+        st.seen_pool_ttft.retain(|p, _| pool_live(p));
         let view = self.fleet_view(now, snap, &mut st);
         drop(st);
         self.fleet.store(Arc::new(view));

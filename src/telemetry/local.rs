@@ -25,7 +25,9 @@ use metrics::Counter;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::atomic::{fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed};
+use std::sync::atomic::{
+    fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
+};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use thread_local::ThreadLocal;
 
@@ -113,15 +115,23 @@ impl LocalCounter {
     }
 }
 
-/// One thread's values of a [`LocalMap`], by key.
-type KeyedValues<V> = HashMap<Arc<str>, Arc<V>, RandomState>;
+/// One thread's values of a [`LocalMap`], by key, and the map's generation when
+/// the thread last dropped forgotten keys.
+#[derive(Default)]
+struct ThreadValues<V> {
+    generation: u64,
+    values: HashMap<Arc<str>, Arc<V>, RandomState>,
+}
 
 /// Running totals (`V`, made of [`LocalCount`]s) per thread and per key, for an
 /// aggregator that reads them all: [`LocalMap::entries`] lists every thread's
-/// value of every key.
+/// value of every key, and [`LocalMap::retain`] forgets keys (workers that left),
+/// so the map stays as large as what is live.
 pub struct LocalMap<V: Send + Sync> {
-    threads: ThreadLocal<RefCell<KeyedValues<V>>>,
+    threads: ThreadLocal<RefCell<ThreadValues<V>>>,
     all: Mutex<Vec<(Arc<str>, Arc<V>)>>,
+    /// Bumped by `retain` when it forgets a key; each thread then drops its copies.
+    generation: AtomicU64,
 }
 
 impl<V: Default + Send + Sync> Default for LocalMap<V> {
@@ -129,6 +139,7 @@ impl<V: Default + Send + Sync> Default for LocalMap<V> {
         LocalMap {
             threads: ThreadLocal::new(),
             all: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
         }
     }
 }
@@ -137,8 +148,16 @@ impl<V: Default + Send + Sync> LocalMap<V> {
     /// Run `f` on this thread's value for `key`, created on first use.
     #[inline]
     pub fn with(&self, key: &str, f: impl FnOnce(&V)) {
-        let mut map = self.threads.get_or_default().borrow_mut();
-        if let Some(v) = map.get(key) {
+        let mut mine = self.threads.get_or_default().borrow_mut();
+        let generation = self.generation.load(Acquire);
+        if mine.generation != generation {
+            // Keys were forgotten: keep only values the aggregator still lists.
+            let all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
+            mine.values
+                .retain(|_, v| all.iter().any(|(_, live)| Arc::ptr_eq(live, v)));
+            mine.generation = generation;
+        }
+        if let Some(v) = mine.values.get(key) {
             return f(v);
         }
         let (k, v): (Arc<str>, Arc<V>) = (Arc::from(key), Arc::default());
@@ -147,7 +166,7 @@ impl<V: Default + Send + Sync> LocalMap<V> {
             .unwrap_or_else(PoisonError::into_inner)
             .push((k.clone(), v.clone()));
         f(&v);
-        map.insert(k, v);
+        mine.values.insert(k, v);
     }
 
     /// Every (key, one thread's value) pair so far.
@@ -156,6 +175,16 @@ impl<V: Default + Send + Sync> LocalMap<V> {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Forget the keys `keep` rejects (every thread's value of them).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = all.len();
+        all.retain(|(k, _)| keep(k));
+        if all.len() != before {
+            self.generation.fetch_add(1, Release);
+        }
     }
 }
 
@@ -347,6 +376,40 @@ mod tests {
         let mut out = String::new();
         render_into(&mut out);
         assert_eq!(sample(&out, "test_local_b_seconds_count{pool=\"p\"}"), 2.0);
+    }
+
+    #[test]
+    fn a_local_map_forgets_keys_on_each_thread_as_it_records() {
+        let m: Arc<LocalMap<LocalCount>> = Arc::default();
+        m.with("w1", |n| n.add(1));
+        m.with("w2", |n| n.add(2));
+        let m2 = m.clone();
+        std::thread::spawn(move || m2.with("w1", |n| n.add(3)))
+            .join()
+            .unwrap();
+        let total = |key: &str| -> u64 {
+            m.entries()
+                .iter()
+                .filter(|(k, _)| &**k == key)
+                .map(|(_, v)| v.get())
+                .sum()
+        };
+        assert_eq!((total("w1"), total("w2")), (4, 2));
+        // Entries are listed in creation order: this thread's w1, w2, the other's w1.
+        let w1: Vec<_> = m
+            .entries()
+            .iter()
+            .filter(|(k, _)| &**k == "w1")
+            .map(|(_, v)| Arc::downgrade(v))
+            .collect();
+        m.retain(|k| k != "w1");
+        assert_eq!(m.entries().len(), 1);
+        // This thread drops its copy when it next records: a later w1 starts at zero.
+        m.with("w1", |n| n.add(5));
+        assert_eq!((total("w1"), total("w2")), (5, 2));
+        assert!(w1[0].upgrade().is_none(), "this thread's old w1 is gone");
+        // The other thread's stays until that thread records again (here: never).
+        assert!(w1[1].upgrade().is_some());
     }
 
     /// A counter that keeps what it is given.
