@@ -16,9 +16,10 @@
 //! - a histogram is rendered here ([`render_into`]), summing the threads' buckets.
 //!   Its series are kept by name and label values (bounded values only) for the
 //!   life of the process, like the exporter's own registry, so they stay
-//!   continuous across config reloads. Memory: about 260 bytes per series per
+//!   continuous across config reloads. Memory: about 260 bytes per live series per
 //!   thread that recorded into it (28 buckets, sum, count), e.g. 3 MB for the three
-//!   latency families of 64 workers on 64 serving threads.
+//!   latency families of 64 workers on 64 serving threads; once no handle holds a
+//!   series (its worker left), `flush` folds its threads' buckets into one set.
 
 use foldhash::fast::RandomState;
 use metrics::Counter;
@@ -75,7 +76,9 @@ pub fn counter_slot(counter: Counter) -> Arc<LocalCount> {
 
 /// Add what every thread counted since the last flush to the `metrics` counters.
 /// A total nobody else holds any more (its cache went with a replaced routing
-/// snapshot) is flushed a last time and forgotten, so reloads leave nothing behind.
+/// snapshot) is flushed a last time and forgotten, so reloads leave nothing behind;
+/// so are the per-thread buckets of histograms nobody holds (see
+/// `compact_histograms`).
 pub fn flush() {
     let mut all = pending().lock().unwrap_or_else(PoisonError::into_inner);
     all.retain_mut(|p| {
@@ -91,6 +94,8 @@ pub fn flush() {
         }
         !orphan
     });
+    drop(all);
+    compact_histograms();
 }
 
 /// A counter with a running total per thread (see the module docs).
@@ -221,25 +226,49 @@ impl LocalHistogram {
             .store((f64::from_bits(c.sum.load(Relaxed)) + v).to_bits(), Relaxed);
     }
 
-    /// All threads' buckets (not cumulative), sum and count.
-    fn totals(&self) -> (Vec<u64>, f64, u64) {
-        let mut buckets = vec![0u64; self.bounds.len() + 1];
-        let (mut sum, mut count) = (0.0, 0);
+    /// Add all threads' buckets, sum and count to `t`.
+    fn add_to(&self, t: &mut Totals) {
         for c in self.threads.iter() {
-            for (t, b) in buckets.iter_mut().zip(c.buckets.iter()) {
+            for (t, b) in t.buckets.iter_mut().zip(c.buckets.iter()) {
                 *t += b.get();
             }
-            sum += f64::from_bits(c.sum.load(Relaxed));
-            count += c.count.get();
+            t.sum += f64::from_bits(c.sum.load(Relaxed));
+            t.count += c.count.get();
         }
-        (buckets, sum, count)
+    }
+}
+
+/// A histogram's buckets (not cumulative), sum and count.
+#[derive(Clone)]
+struct Totals {
+    buckets: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+/// One series: what earlier handles recorded, folded into plain totals once no
+/// handle held them (their worker left, their snapshot was replaced), and the live
+/// per-thread histogram, if a handle exists.
+struct Series {
+    bounds: &'static [f64],
+    base: Totals,
+    live: Option<Arc<LocalHistogram>>,
+}
+
+impl Series {
+    fn totals(&self) -> Totals {
+        let mut t = self.base.clone();
+        if let Some(h) = &self.live {
+            h.add_to(&mut t);
+        }
+        t
     }
 }
 
 /// A histogram family: name, help text and buckets; its series by label text.
 struct Family {
     help: &'static str,
-    series: BTreeMap<String, Arc<LocalHistogram>>,
+    series: BTreeMap<String, Series>,
 }
 
 fn families() -> &'static Mutex<BTreeMap<&'static str, Family>> {
@@ -265,10 +294,18 @@ pub fn histogram(
         help,
         series: BTreeMap::new(),
     });
-    family
-        .series
-        .entry(text)
-        .or_insert_with(|| {
+    let series = family.series.entry(text).or_insert_with(|| Series {
+        bounds,
+        base: Totals {
+            buckets: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        },
+        live: None,
+    });
+    series
+        .live
+        .get_or_insert_with(|| {
             Arc::new(LocalHistogram {
                 bounds,
                 threads: ThreadLocal::new(),
@@ -277,19 +314,39 @@ pub fn histogram(
         .clone()
 }
 
+/// Fold the per-thread buckets of histograms no handle holds any more into their
+/// series' plain totals, so a series whose worker left keeps its counts in one
+/// place instead of one per thread.
+fn compact_histograms() {
+    let mut all = families().lock().unwrap_or_else(PoisonError::into_inner);
+    for s in all.values_mut().flat_map(|f| f.series.values_mut()) {
+        if s.live.as_ref().is_some_and(|h| Arc::strong_count(h) == 1) {
+            // The last holder's records happened before it dropped its reference.
+            fence(Acquire);
+            if let Some(h) = s.live.take() {
+                h.add_to(&mut s.base);
+            }
+        }
+    }
+}
+
 /// Append every histogram family in the Prometheus text format.
 pub fn render_into(out: &mut String) {
     let all = families().lock().unwrap_or_else(PoisonError::into_inner);
     for (name, family) in all.iter() {
         let _ = writeln!(out, "# HELP {name} {}", family.help);
         let _ = writeln!(out, "# TYPE {name} histogram");
-        for (labels, h) in &family.series {
-            let (buckets, sum, count) = h.totals();
+        for (labels, s) in &family.series {
+            let Totals {
+                buckets,
+                sum,
+                count,
+            } = s.totals();
             let sep = if labels.is_empty() { "" } else { "," };
             let mut cumulative = 0;
             for (i, n) in buckets.iter().enumerate() {
                 cumulative += n;
-                match h.bounds.get(i) {
+                match s.bounds.get(i) {
                     Some(b) => {
                         let _ =
                             writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
@@ -364,6 +421,34 @@ mod tests {
             out.matches("# TYPE test_local_a_seconds histogram").count(),
             1
         );
+    }
+
+    #[test]
+    fn a_histogram_nobody_holds_keeps_its_counts_in_one_place() {
+        let h = histogram("test_local_c_seconds", "help c", BOUNDS, &[("worker", "w")]);
+        h.record(0.05);
+        let h2 = h.clone();
+        std::thread::spawn(move || h2.record(0.5)).join().unwrap();
+        let cells = Arc::downgrade(&h);
+        drop(h);
+        flush();
+        assert!(
+            cells.upgrade().is_none(),
+            "per-thread buckets folded and freed"
+        );
+        // The worker comes back: its series continues from the folded totals.
+        let again = histogram("test_local_c_seconds", "help c", BOUNDS, &[("worker", "w")]);
+        again.record(5.0);
+        let mut out = String::new();
+        render_into(&mut out);
+        assert_eq!(
+            sample(&out, "test_local_c_seconds_count{worker=\"w\"}"),
+            3.0
+        );
+        let l = "test_local_c_seconds_bucket{worker=\"w\",le=";
+        assert_eq!(sample(&out, &format!("{l}\"0.1\"}}")), 1.0);
+        assert_eq!(sample(&out, &format!("{l}\"1\"}}")), 2.0);
+        assert_eq!(sample(&out, &format!("{l}\"+Inf\"}}")), 3.0);
     }
 
     #[test]
