@@ -5,8 +5,8 @@ use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::proxy::{self, ForwardContext, GatewayError, SESSION_HEADER};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
-use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
+use crate::telemetry::{names, RequestTags};
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -59,12 +59,12 @@ where
     );
     let result = async {
         let body = read_body(body, &parts.headers, server.max_body_bytes).await?;
-        if let Some(t) = Arc::get_mut(&mut tags) {
+        if let Some(t) = unshared(&mut tags) {
             t.request_bytes = body.len() as u64;
         }
         let info = api::inspect(&body)
             .map_err(|InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
-        if let Some(t) = Arc::get_mut(&mut tags) {
+        if let Some(t) = unshared(&mut tags) {
             t.stream = info.stream;
         }
         let name = info
@@ -96,7 +96,7 @@ where
             body
         };
         known = Some(route);
-        if let Some(t) = Arc::get_mut(&mut tags) {
+        if let Some(t) = unshared(&mut tags) {
             t.pool = Some(route.pool.metrics.name.clone());
         }
         if tags.tracing() {
@@ -194,6 +194,14 @@ where
     };
     resp.headers_mut().insert(request_id::HEADER, request_id);
     resp
+}
+
+/// The request's tags while admission still fills them in: nothing else holds
+/// them before the first attempt shares them with its response.
+fn unshared(tags: &mut Arc<RequestTags>) -> Option<&mut RequestTags> {
+    let t = Arc::get_mut(tags);
+    debug_assert!(t.is_some(), "request tags shared before admission finished");
+    t
 }
 
 /// Zones and regions a residency header may name, for the error message.

@@ -4,7 +4,7 @@
 //! latency histograms. Through the `metrics` recorder each of those is a few
 //! locked read-modify-write instructions on memory every serving thread shares
 //! (the exporter's histogram also pins a crossbeam epoch per sample); in the
-//! overhead profile about a third of the gateway's own samples sit just after a
+//! overhead profile about 30 % of the samples in the binary sit just after a
 //! locked instruction. Here each thread keeps its own running totals, written
 //! with plain loads and stores (one writer per cell, so no update is lost), and
 //! the Prometheus render reads them:
