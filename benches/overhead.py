@@ -47,6 +47,8 @@ WARMUP = float(os.environ.get("WARMUP", "1"))
 PEERS = os.environ.get("PEERS", "0") == "1"
 OUT_DIR = Path(os.environ.get("OUT_DIR", str(ROOT / "bench-out")))
 SWITCHYARD = os.environ.get("SWITCHYARD_BIN", str(ROOT / "target/release/switchyard"))
+# The profile-guided build (scripts/build-pgo.sh), measured as its own target when set.
+SWITCHYARD_PGO = os.environ.get("SWITCHYARD_PGO_BIN", "")
 BARE = os.environ.get("BARE_BIN", str(ROOT / "target/release/examples/bare_proxy"))
 NCPU = os.cpu_count() or 1
 PROXY_WORKERS = int(os.environ.get("PROXY_WORKERS", str(NCPU)))
@@ -289,6 +291,21 @@ TMP = ""
 PEER_PACKAGES = {"sglang-router": "sglang_router", "vllm-router": "vllm_router"}
 
 
+def start_switchyard(tmp: Path, name: str, binary: str, up_url: str) -> tuple[str, Proc]:
+    """`switchyard serve` in front of the upstream on an ephemeral port; its URL."""
+    env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
+    err = open(tmp / f"{name}.log", "w")
+    p = spawn(name, [binary, "serve", "--listen", "127.0.0.1:0", "--worker", up_url],
+              stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+    # Port 0: the gateway binds first and prints the address it got.
+    line = p.stdout.readline()
+    if "switchyard ready url=" not in line:
+        raise RuntimeError(f"{name} did not print its url (got {line!r}); see {tmp}/{name}.log")
+    url = line.split("url=", 1)[1].strip()
+    wait_ready(url + "/ready", p, name)
+    return url, Proc(name, p, [p.pid])
+
+
 def peer_version(name: str) -> str:
     from importlib import metadata
     try:
@@ -377,25 +394,17 @@ def run(tmp: Path) -> int:
     upstream.cpu_pids = nginx_pids(upstream, 1)
     proxy.cpu_pids = nginx_pids(proxy, PROXY_WORKERS)
 
-    env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
-    gw_err = open(tmp / "switchyard.log", "w")
-    gw = spawn("switchyard", [SWITCHYARD, "serve", "--listen", "127.0.0.1:0", "--worker", up_url],
-               stdout=subprocess.PIPE, stderr=gw_err, text=True, env=env)
-    # Port 0: the gateway binds first and prints the address it got.
-    gw_url = None
-    line = gw.stdout.readline()
-    if "switchyard ready url=" in line:
-        gw_url = line.split("url=", 1)[1].strip()
-    if not gw_url:
-        raise RuntimeError(f"switchyard did not print its url (got {line!r}); see {tmp}/switchyard.log")
-    wait_ready(gw_url + "/ready", gw, "switchyard")
-    gateway = Proc("switchyard", gw, [gw.pid])
+    gw_url, gateway = start_switchyard(tmp, "switchyard", SWITCHYARD, up_url)
+    gw = gateway.popen
 
     targets: list[tuple[str, str, Proc | None]] = [
         ("direct", up_url, upstream),
         ("nginx", px_url, proxy),
         ("switchyard", gw_url, gateway),
     ]
+    if SWITCHYARD_PGO:
+        url, proc = start_switchyard(tmp, "switchyard-pgo", SWITCHYARD_PGO, up_url)
+        targets.append(("switchyard-pgo", url, proc))
     if os.access(BARE, os.X_OK):
         bare_port = free_port()
         bp = spawn("bare-hyper", [BARE, f"127.0.0.1:{bare_port}", f"127.0.0.1:{up_port}"],
@@ -510,7 +519,7 @@ def plot(table, path: Path) -> None:
         return
     rows = [t for t in table if t["target"] != "direct"]
     names = [t["target"] for t in rows]
-    colors = ["#2b8a3e" if n == "switchyard" else "#a5d8a2" if n == "bare-hyper" else "#868e96"
+    colors = ["#2b8a3e" if n.startswith("switchyard") else "#a5d8a2" if n == "bare-hyper" else "#868e96"
               for n in names]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
     panels = [("added_p50", "added latency p50, c=1 (µs)\nlower is better"),

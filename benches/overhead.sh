@@ -5,10 +5,12 @@
 #   benches/overhead.sh                    # 3 rounds x 5 s per phase (~2 min)
 #   ROUNDS=5 DURATION=10 benches/overhead.sh
 #   PEERS=1 benches/overhead.sh            # also sglang-router and vllm-router (pip, pinned)
+#   PGO=1 benches/overhead.sh              # also the profile-guided build (scripts/build-pgo.sh)
 #
 # Env: ROUNDS (3), DURATION seconds per phase (5), CONC high concurrency (64),
 #      WARMUP seconds per target (1), PROXY_WORKERS nginx proxy workers (nproc),
 #      SWITCHYARD_BIN (target/release/switchyard; built if missing), NO_INSTALL=1,
+#      PGO=1 with SWITCHYARD_PGO_BIN (target/pgo/switchyard; built if missing),
 #      PEERS=1 (pip-installs sglang-router, vllm-router and matplotlib into
 #      bench-out/peers-venv; versions: SGLANG_ROUTER_VERSION, VLLM_ROUTER_VERSION).
 # Output: a table on stdout, bench-out/overhead.md, .json and (with matplotlib) .png.
@@ -33,6 +35,10 @@ command -v python3 >/dev/null || { echo "python3 is required" >&2; exit 2; }
 export SWITCHYARD_BIN="${SWITCHYARD_BIN:-$PWD/target/release/switchyard}"
 if [[ ! -x "$SWITCHYARD_BIN" ]]; then
   cargo build --release
+fi
+if [[ "${PGO:-0}" == 1 ]]; then
+  export SWITCHYARD_PGO_BIN="${SWITCHYARD_PGO_BIN:-$PWD/target/pgo/switchyard}"
+  [[ -x "$SWITCHYARD_PGO_BIN" ]] || scripts/build-pgo.sh
 fi
 # The bare-hyper baseline (same HTTP stack, no gateway work); skipped if it cannot build.
 export BARE_BIN="${BARE_BIN:-$PWD/target/release/examples/bare_proxy}"
