@@ -74,7 +74,7 @@ def chat(prompt: str, stream: bool, model: str = SIM_MODEL, max_tokens: int = 16
                                     {"role": "user", "content": "Summarise the above."}]})
 
 
-def run(binary: str, tmp: Path) -> None:
+def run(binary: str, sim_binary: str, tmp: Path) -> None:
     up_port, sim_port, gw_port = oh.free_port(), oh.free_port(), oh.free_port()
     upstream = oh.start_nginx(tmp, "upstream", 1, oh.UPSTREAM_SERVER.format(
         port=up_port, models=oh.MODELS_JSON, chat=oh.CHAT_RESPONSE))
@@ -83,7 +83,7 @@ def run(binary: str, tmp: Path) -> None:
 
     # Simulated engines: the sim's own profile goes to a directory that is thrown away.
     sim_env = dict(os.environ, RUST_LOG="warn", LLVM_PROFILE_FILE=str(tmp / "sim-%p.profraw"))
-    sim = oh.spawn("sim", [binary, "sim", "--workers", "4", "--base-port", str(sim_port),
+    sim = oh.spawn("sim", [sim_binary, "sim", "--workers", "4", "--base-port", str(sim_port),
                            "--profile", "tiny", "--time-scale", "50", "--model", SIM_MODEL],
                    stdout=subprocess.DEVNULL, stderr=open(tmp / "sim.log", "w"), env=sim_env)
     sim_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(4)]
@@ -144,12 +144,14 @@ policy = "prefix"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", required=True, help="the instrumented switchyard binary")
+    ap.add_argument("--sim-bin", help="binary for the simulated engines (default: --bin, "
+                    "its profile discarded)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, oh._on_signal)
     signal.signal(signal.SIGINT, oh._on_signal)
     tmp = Path(tempfile.mkdtemp(prefix="switchyard-pgo-"))
     try:
-        run(args.bin, tmp)
+        run(args.bin, args.sim_bin or args.bin, tmp)
     finally:
         # SIGTERM: the gateway drains and exits normally, which writes its profile.
         oh.cleanup()

@@ -18,7 +18,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metrics::counter;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+use std::cell::RefCell;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -41,9 +44,19 @@ pub struct TraceContext {
     pub incoming: Option<HeaderValue>,
 }
 
+/// Trace and span ids need to be unique and unpredictable enough to not collide,
+/// not secret: a per-thread xoshiro generator (seeded from the OS) makes one in a few
+/// nanoseconds, where the thread's ChaCha generator costs several times that.
+fn with_id_rng<T>(f: impl FnOnce(&mut SmallRng) -> T) -> T {
+    thread_local! {
+        static IDS: RefCell<SmallRng> = RefCell::new(SmallRng::from_entropy());
+    }
+    IDS.with(|r| f(&mut r.borrow_mut()))
+}
+
 fn nonzero_u64() -> u64 {
     loop {
-        let v: u64 = rand::random();
+        let v: u64 = with_id_rng(|r| r.gen());
         if v != 0 {
             return v;
         }
@@ -91,11 +104,11 @@ impl TraceContext {
             .and_then(parse_traceparent);
         let (trace_id, parent, parent_sampled) = match parsed {
             Some((t, s, f)) => (t, Some(s), Some(f)),
-            None => (rand::random::<u128>().max(1), None, None),
+            None => (with_id_rng(|r| r.gen::<u128>()).max(1), None, None),
         };
         let sampled = match sample_ratio {
             None => false,
-            Some(r) => parent_sampled.unwrap_or_else(|| rand::random::<f64>() < r),
+            Some(r) => parent_sampled.unwrap_or_else(|| with_id_rng(|g| g.gen::<f64>()) < r),
         };
         TraceContext {
             trace_id,
