@@ -7,7 +7,7 @@ one benchmark request:
 
   fixed       non-streamed chat to a fixed-response nginx upstream (the overhead
               benchmark's upstream), concurrency 64 and 1
-  streaming   streamed chat (SSE) and non-streamed completions to four simulated
+  streaming   streamed and non-streamed chat and streamed completions to four simulated
               engines (`switchyard sim`) under the `prefix` policy, with prompts
               that share prefixes
   embeddings  `/v1/embeddings` to the simulated engines

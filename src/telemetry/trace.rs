@@ -44,9 +44,9 @@ pub struct TraceContext {
     pub incoming: Option<HeaderValue>,
 }
 
-/// Trace and span ids need to be unique and unpredictable enough to not collide,
-/// not secret: a per-thread xoshiro generator (seeded from the OS) makes one in a few
-/// nanoseconds, where the thread's ChaCha generator costs several times that.
+/// Trace and span ids need to be unique enough not to collide, not secret: a
+/// per-thread xoshiro generator (seeded from the OS) serves, without the
+/// cryptographic generator and periodic reseeding of `rand::random`.
 fn with_id_rng<T>(f: impl FnOnce(&mut SmallRng) -> T) -> T {
     thread_local! {
         static IDS: RefCell<SmallRng> = RefCell::new(SmallRng::from_entropy());
