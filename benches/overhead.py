@@ -11,12 +11,14 @@ Measures, side by side and interleaved over several rounds:
               nothing else, so switchyard minus bare-hyper is the gateway's own work
               (when BARE_BIN or target/release/examples/bare_proxy exists)
   (PEERS=1: sglang-router, vllm-router, when their packages are installed)
+  (BUSY_POLL_US=N: switchyard-busy-poll, the same binary with `--busy-poll-us N`)
 
 For each round and target: concurrency 1 for DURATION s (latency p50/p99) and
-concurrency CONC for DURATION s (throughput), POSTing a small chat body. During
-the high-concurrency phase the proxy's CPU time (utime+stime from /proc/PID/stat,
-summed over the process and, for nginx, its workers) is divided by the number of
-requests answered 200. Reported figures are medians over rounds of per-round
+concurrency CONC for DURATION s (throughput), POSTing a small chat body. In each
+phase the proxy's CPU time (utime+stime from /proc/PID/stat, summed over the
+process and, for nginx, its workers) is divided by the number of requests
+answered 200: "proxy CPU" is the high-concurrency figure, "CPU c=1" the other
+(where busy polling shows its price). Reported figures are medians over rounds of per-round
 differences/ratios against `direct` measured in the same round.
 
 Loopback only; every child is started here and killed by PID on exit.
@@ -50,6 +52,8 @@ SWITCHYARD = os.environ.get("SWITCHYARD_BIN", str(ROOT / "target/release/switchy
 # The profile-guided build (scripts/build-pgo.sh), measured as its own target when set.
 SWITCHYARD_PGO = os.environ.get("SWITCHYARD_PGO_BIN", "")
 BARE = os.environ.get("BARE_BIN", str(ROOT / "target/release/examples/bare_proxy"))
+# Busy-poll window (µs) for an extra target running switchyard with --busy-poll-us; 0: none.
+BUSY_POLL_US = int(os.environ.get("BUSY_POLL_US", "0"))
 NCPU = os.cpu_count() or 1
 PROXY_WORKERS = int(os.environ.get("PROXY_WORKERS", str(NCPU)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -291,11 +295,12 @@ TMP = ""
 PEER_PACKAGES = {"sglang-router": "sglang_router", "vllm-router": "vllm_router"}
 
 
-def start_switchyard(tmp: Path, name: str, binary: str, up_url: str) -> tuple[str, Proc]:
+def start_switchyard(tmp: Path, name: str, binary: str, up_url: str,
+                     extra: tuple[str, ...] = ()) -> tuple[str, Proc]:
     """`switchyard serve` in front of the upstream on an ephemeral port; its URL."""
     env = dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn"))
     err = open(tmp / f"{name}.log", "w")
-    p = spawn(name, [binary, "serve", "--listen", "127.0.0.1:0", "--worker", up_url],
+    p = spawn(name, [binary, "serve", "--listen", "127.0.0.1:0", "--worker", up_url, *extra],
               stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     # Port 0: the gateway binds first and prints the address it got.
     line = p.stdout.readline()
@@ -405,6 +410,10 @@ def run(tmp: Path) -> int:
     if SWITCHYARD_PGO:
         url, proc = start_switchyard(tmp, "switchyard-pgo", SWITCHYARD_PGO, up_url)
         targets.append(("switchyard-pgo", url, proc))
+    if BUSY_POLL_US:
+        url, proc = start_switchyard(tmp, "switchyard-busy-poll", SWITCHYARD, up_url,
+                                     ("--busy-poll-us", str(BUSY_POLL_US)))
+        targets.append(("switchyard-busy-poll", url, proc))
     if os.access(BARE, os.X_OK):
         bare_port = free_port()
         bp = spawn("bare-hyper", [BARE, f"127.0.0.1:{bare_port}", f"127.0.0.1:{up_port}"],
@@ -439,9 +448,12 @@ def run(tmp: Path) -> int:
     for rnd in range(ROUNDS):
         order = [targets[(rnd + k) % n] for k in range(n)]  # rotate who goes first
         row: dict[str, dict] = {name: {} for name, _, _ in targets}
-        for name, url, _ in order:
+        for name, url, proc in order:
+            t0 = cpu_ticks(proc.cpu_pids)
             r = run_load(url + PATH, 1, DURATION)
-            row[name].update(p50=r["p50_us"], p99=r["p99_us"], c1_rps=r["rps"], c1_bad=r["bad"])
+            t1 = cpu_ticks(proc.cpu_pids)
+            row[name].update(p50=r["p50_us"], p99=r["p99_us"], c1_rps=r["rps"], c1_bad=r["bad"],
+                             c1_cpu_us=(t1 - t0) / CLK_TCK / max(1, r["ok"]) * 1e6)
             if name == "switchyard":
                 gw_reqs += r["ok"]
         for name, url, proc in order:
@@ -481,6 +493,7 @@ def run(tmp: Path) -> int:
             "rps": median([r["rps"] for r in rs]),
             "ratio": median(ratio),
             "cpu": median([r["cpu_us"] for r in rs]),
+            "c1_cpu": median([r["c1_cpu_us"] for r in rs]),
             "up_cpu": median([r["up_cpu_us"] for r in rs]),
             "errors": sum(sum(r["bad"].values()) + sum(r["c1_bad"].values()) for r in rs),
             "rounds": rs,
@@ -547,15 +560,15 @@ def render_markdown(table, versions, rss0, rss1, gw_reqs) -> str:
         f"throughput ratio are computed against `direct` within each round."
         + "".join(f" {k} {versions[k]}." for k in PEER_PACKAGES if k in versions),
         "",
-        f"| target | p50 c=1 (µs) | p99 c=1 (µs) | added p50 (µs) | added p99 (µs) | req/s c={CONC} | ratio to direct | proxy CPU (µs/req) | upstream CPU (µs/req) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| target | p50 c=1 (µs) | p99 c=1 (µs) | added p50 (µs) | added p99 (µs) | req/s c={CONC} | ratio to direct | proxy CPU (µs/req) | CPU c=1 (µs/req) | upstream CPU (µs/req) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in table:
         def rel(key: str) -> str:
             return "—" if t["target"] == "direct" else f"{t[key]:.1f}"
         lines.append(
             f"| {t['target']} | {t['p50']:.1f} | {t['p99']:.1f} | {rel('added_p50')} | {rel('added_p99')} | "
-            f"{t['rps']:.0f} | {t['ratio']:.2f} | {rel('cpu')} | {t['up_cpu']:.1f} |"
+            f"{t['rps']:.0f} | {t['ratio']:.2f} | {rel('cpu')} | {rel('c1_cpu')} | {t['up_cpu']:.1f} |"
         )
     lines += ["", "Per round (p50 µs / p99 µs / req/s / proxy CPU µs per request):", ""]
     for t in table:

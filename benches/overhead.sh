@@ -6,6 +6,7 @@
 #   ROUNDS=5 DURATION=10 benches/overhead.sh
 #   PEERS=1 benches/overhead.sh            # also sglang-router and vllm-router (pip, pinned)
 #   PGO=1 benches/overhead.sh              # also the profile-guided build (scripts/build-pgo.sh)
+#   BUSY_POLL_US=200 benches/overhead.sh   # also switchyard with --busy-poll-us 200
 #
 # Env: ROUNDS (3), DURATION seconds per phase (5), CONC high concurrency (64),
 #      WARMUP seconds per target (1), PROXY_WORKERS nginx proxy workers (nproc),

@@ -26,6 +26,10 @@ pub struct ServeArgs {
     /// Serving threads, one runtime and listener each (overrides server.threads; 0 = one per CPU).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Busy-poll window of each serving thread in µs (overrides
+    /// server.busy_poll_us; 0 = off): lower latency at low load for CPU.
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
     /// This gateway's region, one of the config's `[regions]` (overrides
     /// server.region): turns on locality routing.
     #[arg(long)]
@@ -52,6 +56,9 @@ impl ServeArgs {
         }
         if let Some(n) = self.threads {
             raw.server.threads = Some(n);
+        }
+        if let Some(us) = self.busy_poll_us {
+            raw.server.busy_poll_us = Some(us);
         }
         if let Some(r) = &self.region {
             raw.server.region = Some(r.clone());

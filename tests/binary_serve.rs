@@ -1,6 +1,7 @@
 //! `switchyard serve` as a process: thread-per-core serving (several threads, each
 //! with its own SO_REUSEPORT listener) answers every connection, drains in-flight
-//! streams on SIGTERM and exits cleanly.
+//! streams on SIGTERM and exits cleanly; busy polling spins after requests and
+//! parks when idle.
 
 mod support;
 
@@ -25,13 +26,11 @@ fn thread_names(pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
-#[tokio::test]
-async fn serve_on_several_threads_answers_every_connection_and_drains_on_sigterm() {
-    let s = sims(2, 0.5).await;
-    let model = sim_model();
+/// `switchyard serve --listen 127.0.0.1:0 ARGS...`: the child, its pid and URL.
+async fn start(args: &[&str]) -> (tokio::process::Child, u32, String) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--threads", "3"])
-        .args(["--worker", &s[0].url(), "--worker", &s[1].url()])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -49,6 +48,42 @@ async fn serve_on_several_threads_answers_every_connection_and_drains_on_sigterm
     })
     .await
     .expect("ready line");
+    (child, pid, url)
+}
+
+/// CPU time (user + system, clock ticks) of the process's serving threads.
+fn serving_cpu_ticks(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.filter_map(|e| {
+        let path = e.ok()?.path();
+        let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+        if !comm.starts_with("switchyard-serv") {
+            return None;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+        // Fields after the `(comm)`: state is the 3rd field, utime the 14th, stime the 15th.
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    })
+    .sum()
+}
+
+#[tokio::test]
+async fn serve_on_several_threads_answers_every_connection_and_drains_on_sigterm() {
+    let s = sims(2, 0.5).await;
+    let model = sim_model();
+    let (mut child, pid, url) = start(&[
+        "--threads",
+        "3",
+        "--worker",
+        &s[0].url(),
+        "--worker",
+        &s[1].url(),
+    ])
+    .await;
     // A thread names itself as it starts: wait until all three have.
     eventually(Duration::from_secs(10), "three serving threads", || {
         let n = thread_names(pid)
@@ -113,5 +148,56 @@ async fn serve_on_several_threads_answers_every_connection_and_drains_on_sigterm
     assert!(
         client().get(format!("{url}/health")).send().await.is_err(),
         "listeners closed"
+    );
+}
+
+#[tokio::test]
+async fn busy_polling_spins_after_requests_and_parks_when_idle() {
+    let s = sims(1, 0.05).await;
+    let model = sim_model();
+    let (_child, pid, url) = start(&[
+        "--threads",
+        "1",
+        "--busy-poll-us",
+        "5000",
+        "--worker",
+        &s[0].url(),
+    ])
+    .await;
+    eventually(Duration::from_secs(10), "models discovered", || {
+        let url = url.clone();
+        async move {
+            let r = client().get(format!("{url}/ready")).send().await.ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+    for _ in 0..20 {
+        assert_eq!(chat_status(&url, &model).await, 200);
+    }
+    // Each spin is counted when its window ends with no new request activity.
+    let spun = eventually(Duration::from_secs(10), "busy-poll time counted", || {
+        let url = url.clone();
+        async move {
+            let v = metric_sum(
+                &scrape(&url).await,
+                "switchyard_busy_poll_microseconds_total",
+                &[],
+            );
+            (v > 0.0).then_some(v)
+        }
+    })
+    .await;
+    assert!(spun >= 5_000.0, "at least one whole 5 ms window: {spun} µs");
+    // Idle: the serving thread parks. Over 600 ms without requests it uses a
+    // small part of that (a thread that kept spinning would use all of it).
+    let ticks = |pid| serving_cpu_ticks(pid);
+    let tck = 100.0; // USER_HZ on Linux
+    let before = ticks(pid);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let used_ms = (ticks(pid) - before) as f64 * 1000.0 / tck;
+    assert!(
+        used_ms < 200.0,
+        "serving thread busy while idle: {used_ms} ms of 600"
     );
 }

@@ -43,6 +43,8 @@ pub const DEFAULT_MODEL_DISCOVERY_MS: u64 = 5_000;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default time a client has to send its request headers (ms).
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Longest busy-poll window a serving thread may be given (µs).
+pub const MAX_BUSY_POLL_US: u64 = 10_000;
 /// Default time in-flight requests get to finish after SIGTERM (ms).
 pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 30_000;
 /// Health-check defaults.
@@ -457,6 +459,9 @@ pub struct ServerConfig {
     pub watch_config: bool,
     /// Serving threads for `switchyard serve` (thread-per-core); 0 means one per CPU.
     pub threads: usize,
+    /// How long a serving thread keeps polling its sockets after request
+    /// activity before it parks (`server::busy_poll`); zero: it parks at once.
+    pub busy_poll: Duration,
 }
 
 impl ServerConfig {
@@ -651,6 +656,12 @@ impl RawConfig {
         let threads = s.threads.unwrap_or(0);
         if threads > 1024 {
             p.push("server.threads: must be at most 1024 (0 = one per CPU)".into());
+        }
+        let busy_poll_us = s.busy_poll_us.unwrap_or(0);
+        if busy_poll_us > MAX_BUSY_POLL_US {
+            p.push(format!(
+                "server.busy_poll_us: must be at most {MAX_BUSY_POLL_US} (0 = off)"
+            ));
         }
         let health = validate_health(self.health, p);
         let admin = validate_admin(self.admin, p);
@@ -918,6 +929,7 @@ impl RawConfig {
                 unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
                 watch_config: s.watch_config.unwrap_or(false),
                 threads,
+                busy_poll: Duration::from_micros(busy_poll_us.min(MAX_BUSY_POLL_US)),
             },
             pools,
             health,

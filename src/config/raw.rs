@@ -102,6 +102,8 @@ pub struct RawServer {
     pub watch_config: Option<bool>,
     /// Serving threads (one runtime and listener each); 0 or unset: one per CPU.
     pub threads: Option<usize>,
+    /// Busy-poll window of each serving thread (µs); 0 or unset: off.
+    pub busy_poll_us: Option<u64>,
     /// This gateway's region (one of `[regions]`); turns on locality routing.
     pub region: Option<String>,
 }

@@ -2,6 +2,7 @@
 //! and graceful shutdown. Everything model-specific is delegated to `proxy/`.
 
 pub mod admin;
+pub mod busy_poll;
 mod handlers;
 mod reload;
 mod request_id;
@@ -150,6 +151,7 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
     type Future = ServiceFuture;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        busy_poll::touch();
         if req.method() == http::Method::POST
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {

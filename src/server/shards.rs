@@ -49,6 +49,7 @@ pub fn start(
 ) -> std::io::Result<Shards> {
     let cap = gw.registry.config().server.max_connections;
     let permits = Arc::new(tokio::sync::Semaphore::new(cap));
+    let busy_poll = gw.registry.config().server.busy_poll;
     let mut threads = Vec::with_capacity(listeners.len());
     for (i, listener) in listeners.into_iter().enumerate() {
         let gw = gw.clone();
@@ -70,6 +71,11 @@ pub fn start(
                 rt.block_on(async move {
                     gw.client.pin_to_thread();
                     tokio::spawn(housekeeping());
+                    if !busy_poll.is_zero() {
+                        let spun =
+                            metrics::counter!(crate::telemetry::names::BUSY_POLL_MICROSECONDS);
+                        tokio::spawn(super::busy_poll::run(busy_poll, spun));
+                    }
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         Ok(l) => l,
                         Err(e) => {

@@ -42,6 +42,7 @@ pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "switchyard_retry_budget_exhauste
 pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
 pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
 pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
+pub const BUSY_POLL_MICROSECONDS: &str = "switchyard_busy_poll_microseconds_total";
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
@@ -237,6 +238,10 @@ fn describe_routing() {
     describe_gauge!(
         WORKER_RUNNING,
         "Running requests reported by the worker's last /metrics scrape."
+    );
+    describe_counter!(
+        BUSY_POLL_MICROSECONDS,
+        "Time serving threads spent busy polling (server.busy_poll_us), in microseconds: CPU spent to skip wake-ups."
     );
     describe_gauge!(
         CONNECTIONS_OPEN,
