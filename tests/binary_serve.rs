@@ -51,6 +51,18 @@ async fn start(args: &[&str]) -> (tokio::process::Child, u32, String) {
     (child, pid, url)
 }
 
+/// Wait until the gateway at `url` has discovered its models (`/ready` is 200).
+async fn ready(url: &str) {
+    eventually(Duration::from_secs(10), "models discovered", || {
+        let url = url.to_string();
+        async move {
+            let r = client().get(format!("{url}/ready")).send().await.ok()?;
+            (r.status() == 200).then_some(())
+        }
+    })
+    .await;
+}
+
 /// CPU time (user + system, clock ticks) of the process's serving threads.
 fn serving_cpu_ticks(pid: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -93,14 +105,7 @@ async fn serve_on_several_threads_answers_every_connection_and_drains_on_sigterm
         async move { (n == 3).then_some(()) }
     })
     .await;
-    eventually(Duration::from_secs(10), "models discovered", || {
-        let url = url.clone();
-        async move {
-            let r = client().get(format!("{url}/ready")).send().await.ok()?;
-            (r.status() == 200).then_some(())
-        }
-    })
-    .await;
+    ready(&url).await;
 
     // 24 streams, each on its own connection: the kernel spreads them over the
     // three listeners; every one must be answered in full.
@@ -164,14 +169,7 @@ async fn busy_polling_spins_after_requests_and_parks_when_idle() {
         &s[0].url(),
     ])
     .await;
-    eventually(Duration::from_secs(10), "models discovered", || {
-        let url = url.clone();
-        async move {
-            let r = client().get(format!("{url}/ready")).send().await.ok()?;
-            (r.status() == 200).then_some(())
-        }
-    })
-    .await;
+    ready(&url).await;
     for _ in 0..20 {
         assert_eq!(chat_status(&url, &model).await, 200);
     }
