@@ -73,6 +73,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     proc, url, workers = start_demo(binary)
     stop = threading.Event()
+    threads = []
     try:
         with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
             model = json.load(r)["data"][0]["id"]
@@ -109,7 +110,11 @@ def main():
             browser.close()
         print(f"dashboard ok: {len(listed)} workers, chart points {points}, screenshot {shot}")
     finally:
+        # The traffic threads finish their request in flight before the gateway
+        # goes, so none of them dies on a reset connection.
         stop.set()
+        for t in threads:
+            t.join(timeout=35)
         proc.terminate()
         proc.wait(timeout=30)
 
