@@ -13,7 +13,7 @@ a clock and are left out).
   targets   nginx (one worker, master_process off), bare-hyper (examples/bare_proxy),
             switchyard (--threads 1), switchyard-pgo (when target/pgo/switchyard exists)
 
-  python3 benches/instructions.py                # ~1 min; needs valgrind and nginx
+  python3 benches/instructions.py                # ~20 s; needs valgrind and nginx
   REQUESTS=5000 python3 benches/instructions.py
 
 Counts are of instructions, not time: a cold cache at c=1 makes each one dearer,

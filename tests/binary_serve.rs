@@ -15,13 +15,16 @@ fn chat(model: &str, max_tokens: u32) -> serde_json::Value {
         "messages": [{"role": "user", "content": "hello from the binary test"}]})
 }
 
-/// Names of the process's threads (Linux `/proc`).
-fn thread_names(pid: u32) -> Vec<String> {
+/// The process's threads (Linux `/proc`): name and `/proc/PID/task/TID` path.
+fn threads(pid: u32) -> Vec<(String, std::path::PathBuf)> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|d| {
-            d.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
-                .map(|s| s.trim().to_string())
-                .collect()
+            d.filter_map(|e| {
+                let path = e.ok()?.path();
+                let comm = std::fs::read_to_string(path.join("comm")).ok()?;
+                Some((comm.trim().to_string(), path))
+            })
+            .collect()
         })
         .unwrap_or_default()
 }
@@ -65,22 +68,17 @@ async fn ready(url: &str) {
 
 /// CPU time (user + system, clock ticks) of the process's serving threads.
 fn serving_cpu_ticks(pid: u32) -> u64 {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    dir.filter_map(|e| {
-        let path = e.ok()?.path();
-        let comm = std::fs::read_to_string(path.join("comm")).ok()?;
-        if !comm.starts_with("switchyard-serv") {
-            return None;
-        }
-        let stat = std::fs::read_to_string(path.join("stat")).ok()?;
-        // Fields after the `(comm)`: state is the 3rd field, utime the 14th, stime the 15th.
-        let rest = &stat[stat.rfind(')')? + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-    })
-    .sum()
+    threads(pid)
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("switchyard-serv"))
+        .filter_map(|(_, path)| {
+            let stat = std::fs::read_to_string(path.join("stat")).ok()?;
+            // Fields after the `(comm)`: state is the 3rd field, utime the 14th, stime the 15th.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum()
 }
 
 #[tokio::test]
@@ -98,9 +96,9 @@ async fn serve_on_several_threads_answers_every_connection_and_drains_on_sigterm
     .await;
     // A thread names itself as it starts: wait until all three have.
     eventually(Duration::from_secs(10), "three serving threads", || {
-        let n = thread_names(pid)
+        let n = threads(pid)
             .into_iter()
-            .filter(|n| n.starts_with("switchyard-serv"))
+            .filter(|(n, _)| n.starts_with("switchyard-serv"))
             .count();
         async move { (n == 3).then_some(()) }
     })
@@ -189,11 +187,11 @@ async fn busy_polling_spins_after_requests_and_parks_when_idle() {
     assert!(spun >= 5_000.0, "at least one whole 5 ms window: {spun} µs");
     // Idle: the serving thread parks. Over 600 ms without requests it uses a
     // small part of that (a thread that kept spinning would use all of it).
-    let ticks = |pid| serving_cpu_ticks(pid);
-    let tck = 100.0; // USER_HZ on Linux
-    let before = ticks(pid);
+    // The sleep is the idle period being measured, not a wait for an event.
+    let tck = 100.0; // USER_HZ, the unit of /proc's utime and stime on Linux
+    let before = serving_cpu_ticks(pid);
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let used_ms = (ticks(pid) - before) as f64 * 1000.0 / tck;
+    let used_ms = (serving_cpu_ticks(pid) - before) as f64 * 1000.0 / tck;
     assert!(
         used_ms < 200.0,
         "serving thread busy while idle: {used_ms} ms of 600"

@@ -929,7 +929,7 @@ impl RawConfig {
                 unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
                 watch_config: s.watch_config.unwrap_or(false),
                 threads,
-                busy_poll: Duration::from_micros(busy_poll_us.min(MAX_BUSY_POLL_US)),
+                busy_poll: Duration::from_micros(busy_poll_us),
             },
             pools,
             health,
@@ -1116,6 +1116,17 @@ mod tests {
         assert_eq!(c.pools[0].workers[0].url, "http://127.0.0.1:9000");
         assert_eq!(c.pools[0].policy, PolicyKind::RoundRobin);
         assert_eq!(c.server.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn busy_poll_window_is_read_and_capped() {
+        let pool = "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nworkers = [{ url = \"http://127.0.0.1:9000\" }]\n";
+        let off = check(pool).unwrap();
+        assert!(off.server.busy_poll.is_zero(), "off by default");
+        let on = check(&format!("[server]\nbusy_poll_us = 200\n{pool}")).unwrap();
+        assert_eq!(on.server.busy_poll, Duration::from_micros(200));
+        let e = check(&format!("[server]\nbusy_poll_us = 10001\n{pool}")).unwrap_err();
+        assert!(e.to_string().contains("server.busy_poll_us"), "{e}");
     }
 
     #[test]

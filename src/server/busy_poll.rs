@@ -40,17 +40,12 @@ pub(crate) fn touch() {
     }
 }
 
-/// Spin turns this thread's spinner has taken so far.
-pub fn turns() -> u64 {
-    TURNS.with(Cell::get)
-}
-
 /// The spinner: run as a task on a current-thread runtime. While the last
 /// activity is less than `window` old it yields after every turn, which makes
 /// the runtime poll its sockets without blocking (tokio parks with a zero
 /// timeout while a yielded task is waiting); then it parks until the next
 /// [`touch`]. Time spent spinning is added to `spun_us` (microseconds).
-pub async fn run(window: Duration, spun_us: metrics::Counter) {
+pub(crate) async fn run(window: Duration, spun_us: metrics::Counter) {
     let mut seen = ACTIVITY.with(Cell::get);
     loop {
         // Spin: from the last activity until a whole window passes without any.
@@ -96,6 +91,11 @@ mod tests {
             assert!(Instant::now() < end, "timed out waiting for: {what}");
             tokio::task::yield_now().await;
         }
+    }
+
+    /// Spin turns this thread's spinner has taken so far.
+    fn turns() -> u64 {
+        TURNS.with(Cell::get)
     }
 
     fn parked() -> bool {

@@ -2,7 +2,7 @@
 //! and graceful shutdown. Everything model-specific is delegated to `proxy/`.
 
 pub mod admin;
-pub mod busy_poll;
+pub(crate) mod busy_poll;
 mod handlers;
 mod reload;
 mod request_id;
