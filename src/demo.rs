@@ -59,7 +59,14 @@ pub async fn run(
         ..Default::default()
     };
     let config = raw.validate()?;
-    let listener = tokio::net::TcpListener::bind(config.server.listen).await?;
+    let listener = match tokio::net::TcpListener::bind(config.server.listen).await {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "{} is already in use (another demo or gateway?); choose another address with --listen, e.g. --listen 127.0.0.1:8090",
+            config.server.listen
+        ),
+        Err(e) => anyhow::bail!("cannot listen on {}: {e}", config.server.listen),
+    };
     let addr = listener.local_addr()?;
     let gw = server::Gateway::start(config).await?;
     println!(
@@ -69,7 +76,8 @@ pub async fn run(
     for s in &sims {
         println!("  worker {}", s.url());
     }
-    println!("Gateway:   http://{addr}   (metrics: http://{addr}/metrics)");
+    println!("Gateway:   http://{addr}");
+    println!("Dashboard: http://{addr}/dashboard   (metrics: http://{addr}/metrics)");
     println!("Try a streaming chat completion:\n");
     println!(
         "  curl -N http://{addr}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"stream\":true,\"max_tokens\":32,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'\n"

@@ -38,8 +38,11 @@ enum Command {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: log files and collectors get plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     if format == "json" {
         b.json().init();
@@ -80,8 +83,15 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let grace = gw.registry.config().server.unready_grace;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let shards = server::shards::start(gw.clone(), listeners, stopped, drain)?;
-    tracing::info!(%addr, threads, "switchyard listening");
-    println!("switchyard ready url=http://{addr}");
+    let max_connections = gw.registry.config().server.max_connections;
+    tracing::info!(%addr, threads, max_connections, "switchyard listening");
+    if max_connections > switchyard::config::default_max_connections() {
+        tracing::warn!(
+            max_connections,
+            "server.max_connections is more than the open-file limit allows (about half of it); connections past that fail to open"
+        );
+    }
+    announce_ready(gw.clone(), addr);
     shutdown_signal().await;
     let _ = stop.send(true);
     tracing::info!(?grace, ?drain, "shutting down");
@@ -89,9 +99,47 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Raise the open-file limit to its hard value: every client connection, and the
+/// upstream connection it may hold, is a descriptor. `max_connections` defaults
+/// from the result (`config::default_max_connections`).
+fn raise_open_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::info!(limit = n, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
+}
+
+/// Print `switchyard ready url=…` once a model is served. Until then, say on
+/// stdout what is missing (a worker whose models cannot be discovered, a pool
+/// with no available worker), so a first run does not look ready when it is not.
+fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAddr) {
+    let snap = gw.registry.snapshot();
+    if snap.is_ready() {
+        println!("switchyard ready url=http://{addr}");
+        return;
+    }
+    println!(
+        "switchyard listening url=http://{addr}, not ready: {}",
+        snap.unready_reasons().join("; ")
+    );
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
+        loop {
+            tick.tick().await;
+            if gw.registry.snapshot().is_ready() {
+                println!("switchyard ready url=http://{addr}");
+                return;
+            }
+        }
+    });
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_format);
+    if !matches!(cli.cmd, Command::CheckConfig { .. }) {
+        raise_open_file_limit();
+    }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if matches!(cli.cmd, Command::Serve(_)) {
         // Requests are served on their own threads (server::shards); this runtime

@@ -47,9 +47,36 @@ impl<'a> ErrorBody<'a> {
     }
 }
 
+/// Longest piece of client input an error message repeats.
+const ECHO_LIMIT: usize = 64;
+
+/// Client input as an error message repeats it: at most [`ECHO_LIMIT`] bytes
+/// (cut at a character boundary, marked with `…`), control characters escaped.
+pub fn echo(s: &str) -> String {
+    let mut end = s.len().min(ECHO_LIMIT);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut out: String = s[..end].escape_debug().collect();
+    if end < s.len() {
+        out.push('…');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn echoed_input_is_bounded_and_escaped() {
+        assert_eq!(echo("gpt-4o"), "gpt-4o");
+        let long = "é".repeat(100_000);
+        let e = echo(&long);
+        assert!(e.len() <= ECHO_LIMIT + '…'.len_utf8(), "{}", e.len());
+        assert!(e.ends_with('…'));
+        assert_eq!(echo("a\nb"), "a\\nb");
+    }
 
     #[test]
     fn shape_matches_openai() {

@@ -101,8 +101,7 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(RequestInfo::default());
     }
-    let p: Probe<'_> =
-        serde_json::from_slice(body).map_err(|e| InspectError::Malformed(e.to_string()))?;
+    let p: Probe<'_> = serde_json::from_slice(body).map_err(|e| explain(body, e))?;
     let text = p.messages.or(p.prompt).or(p.input).map(|raw| {
         let s = raw.get().as_bytes();
         // `raw` borrows from `body`, so its offset is within it.
@@ -121,6 +120,58 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
         max_tokens: p.max_completion_tokens.or(p.max_tokens),
         routing_text: text,
     })
+}
+
+/// What is wrong with a body the probe could not read, in the client's terms
+/// (cold path: the body is parsed again, as a generic value).
+fn explain(body: &[u8], e: serde_json::Error) -> InspectError {
+    let value: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(_) => return InspectError::Malformed(e.to_string()),
+    };
+    let Some(obj) = value.as_object() else {
+        return InspectError::Malformed(format!(
+            "the request body must be a JSON object, not {}",
+            kind(&value)
+        ));
+    };
+    const EXPECTED: &[(&str, &str)] = &[
+        ("model", "a string"),
+        ("stream", "a boolean"),
+        ("stream_options", "an object"),
+        ("user", "a string"),
+        ("cache_salt", "a string"),
+        ("max_tokens", "a non-negative integer"),
+        ("max_completion_tokens", "a non-negative integer"),
+    ];
+    for (field, expected) in EXPECTED {
+        if let Some(v) = obj.get(*field).filter(|v| !v.is_null()) {
+            let ok = match *expected {
+                "a string" => v.is_string(),
+                "a boolean" => v.is_boolean(),
+                "an object" => v.is_object(),
+                _ => v.is_u64(),
+            };
+            if !ok {
+                return InspectError::Malformed(format!(
+                    "`{field}` must be {expected}, not {}",
+                    kind(v)
+                ));
+            }
+        }
+    }
+    InspectError::Malformed(e.to_string())
+}
+
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
 }
 
 #[cfg(test)]
@@ -149,6 +200,19 @@ mod tests {
         let i = inspect(&body).unwrap();
         assert_eq!(i.model.as_deref(), Some("a/b"));
         assert_eq!(&i.routing_text.unwrap()[..], br#""x""#);
+    }
+
+    #[test]
+    fn errors_name_the_problem_in_the_clients_terms() {
+        let msg = |b: &'static [u8]| match inspect(&Bytes::from_static(b)) {
+            Err(InspectError::Malformed(m)) => m,
+            Ok(_) => panic!("accepted"),
+        };
+        assert!(msg(b"[1,2,3]").contains("must be a JSON object, not an array"));
+        assert!(msg(b"\"hello\"").contains("not a string"));
+        assert!(msg(br#"{"model":5}"#).contains("`model` must be a string, not a number"));
+        assert!(msg(br#"{"model":"m","stream":"yes"}"#).contains("`stream` must be a boolean"));
+        assert!(msg(b"{\"model\":").contains("EOF"));
     }
 
     #[test]

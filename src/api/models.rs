@@ -27,19 +27,23 @@ fn owner() -> String {
     "switchyard".into()
 }
 
+impl ModelCard {
+    /// A model the gateway serves, as `GET /v1/models[/{id}]` lists it.
+    pub fn new(id: String) -> Self {
+        ModelCard {
+            id,
+            object: model_object(),
+            created: 0,
+            owned_by: owner(),
+        }
+    }
+}
+
 impl ModelList {
     pub fn new(ids: impl IntoIterator<Item = String>) -> Self {
         ModelList {
             object: "list".into(),
-            data: ids
-                .into_iter()
-                .map(|id| ModelCard {
-                    id,
-                    object: model_object(),
-                    created: 0,
-                    owned_by: owner(),
-                })
-                .collect(),
+            data: ids.into_iter().map(ModelCard::new).collect(),
         }
     }
 }

@@ -39,10 +39,37 @@ pub const DEFAULT_TOTAL_TIMEOUT_MS: u64 = 600_000;
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 /// Default interval between re-reads of each worker's `/v1/models` for discovered pools (ms).
 pub const DEFAULT_MODEL_DISCOVERY_MS: u64 = 5_000;
-/// Default cap on open client connections.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Most request headers `server.max_headers` may allow.
+const MAX_MAX_HEADERS: usize = 1_000;
+/// Bounds of `server.max_header_bytes`.
+const MIN_MAX_HEADER_BYTES: usize = 1_024;
+const MAX_MAX_HEADER_BYTES: usize = 1024 * 1024;
+/// File descriptors kept for everything but client connections (listeners, the
+/// stats poller, health checks, logs) when sizing `max_connections`.
+const RESERVED_FDS: u64 = 256;
+
+/// The default cap on open client connections, from the open-file limit: each
+/// client connection may hold an upstream connection too, so half of what is
+/// left after a reserve. `main` raises the limit to its hard value first.
+pub fn default_max_connections() -> usize {
+    let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+    connections_for_fd_limit(soft)
+}
+
+fn connections_for_fd_limit(soft: u64) -> usize {
+    let usable = soft.saturating_sub(RESERVED_FDS) / 2;
+    usable.clamp(64, 1_000_000) as usize
+}
 /// Default time a client has to send its request headers (ms).
 pub const DEFAULT_HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default time to receive a whole request body once its headers are in (ms).
+pub const DEFAULT_BODY_READ_TIMEOUT_MS: u64 = 30_000;
+/// Default time a connection may stay open with no request starting (ms).
+pub const DEFAULT_CLIENT_IDLE_TIMEOUT_MS: u64 = 60_000;
+/// Default limit on the number of request headers.
+pub const DEFAULT_MAX_HEADERS: usize = 100;
+/// Default limit on the size of a request's header section (bytes).
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Longest busy-poll window a serving thread may be given (µs).
 pub const MAX_BUSY_POLL_US: u64 = 10_000;
 /// Default time in-flight requests get to finish after SIGTERM (ms).
@@ -454,6 +481,10 @@ pub struct ServerConfig {
     pub model_discovery_interval: Duration,
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    pub body_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_headers: usize,
+    pub max_header_bytes: usize,
     pub drain_timeout: Duration,
     pub unready_grace: Duration,
     pub watch_config: bool,
@@ -493,8 +524,11 @@ pub struct PoolConfig {
     pub aliases: Vec<String>,
     pub policy: PolicyKind,
     pub max_attempts: u32,
-    /// Forward the client's `Authorization` header upstream.
+    /// Forward the client's credential headers (`Authorization`, `x-api-key`,
+    /// `api-key`, `x-goog-api-key`) upstream.
     pub pass_client_auth: bool,
+    /// Headers kept at the gateway by default to forward anyway (lower case).
+    pub forward_headers: Vec<String>,
     /// Bearer token injected upstream (value resolved from the named env var).
     pub upstream_api_key: Option<String>,
     pub workers: Vec<WorkerConfig>,
@@ -649,7 +683,31 @@ impl RawConfig {
             s.drain_timeout_ms,
             DEFAULT_DRAIN_TIMEOUT_MS,
         );
-        let max_connections = s.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS);
+        let body_read_timeout = ms(
+            p,
+            "server.body_read_timeout_ms",
+            s.body_read_timeout_ms,
+            DEFAULT_BODY_READ_TIMEOUT_MS,
+        );
+        let idle_timeout = ms(
+            p,
+            "server.idle_timeout_ms",
+            s.idle_timeout_ms,
+            DEFAULT_CLIENT_IDLE_TIMEOUT_MS,
+        );
+        let max_headers = s.max_headers.unwrap_or(DEFAULT_MAX_HEADERS);
+        if !(1..=MAX_MAX_HEADERS).contains(&max_headers) {
+            p.push(format!(
+                "server.max_headers: must be between 1 and {MAX_MAX_HEADERS}, got {max_headers}"
+            ));
+        }
+        let max_header_bytes = s.max_header_bytes.unwrap_or(DEFAULT_MAX_HEADER_BYTES);
+        if !(MIN_MAX_HEADER_BYTES..=MAX_MAX_HEADER_BYTES).contains(&max_header_bytes) {
+            p.push(format!(
+                "server.max_header_bytes: must be between {MIN_MAX_HEADER_BYTES} and {MAX_MAX_HEADER_BYTES}, got {max_header_bytes}"
+            ));
+        }
+        let max_connections = s.max_connections.unwrap_or_else(default_max_connections);
         if max_connections == 0 {
             p.push("server.max_connections: must be greater than 0".into());
         }
@@ -814,6 +872,7 @@ impl RawConfig {
                 policy,
                 max_attempts: max_attempts.max(1),
                 pass_client_auth: p.pass_client_auth.unwrap_or(false),
+                forward_headers: forward_headers(&key, &p.forward_headers, &mut problems),
                 upstream_api_key,
                 workers,
                 routing,
@@ -925,6 +984,10 @@ impl RawConfig {
                 model_discovery_interval,
                 max_connections,
                 header_read_timeout,
+                body_read_timeout,
+                idle_timeout,
+                max_headers,
+                max_header_bytes,
                 drain_timeout,
                 unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
                 watch_config: s.watch_config.unwrap_or(false),
@@ -1060,6 +1123,42 @@ fn validate_health(h: RawHealth, p: &mut Vec<String>) -> HealthConfig {
     }
 }
 
+/// A pool's `forward_headers`: valid header names, lower-cased.
+fn forward_headers(key: &str, names: &[String], p: &mut Vec<String>) -> Vec<String> {
+    names
+        .iter()
+        .enumerate()
+        .filter_map(|(i, n)| match http::HeaderName::try_from(n.as_str()) {
+            Ok(h) => Some(h.as_str().to_string()),
+            Err(_) => {
+                p.push(format!(
+                    "{key}.forward_headers[{i}]: `{n}` is not a valid header name"
+                ));
+                None
+            }
+        })
+        .collect()
+}
+
+/// Why an admin token is too weak to accept, if it is: too short, one repeated
+/// character, or a single run of consecutive characters (`abcdef…`, `123456…`).
+fn weak_token(t: &str) -> Option<&'static str> {
+    let b = t.as_bytes();
+    if b.len() < 16 {
+        return Some("must be at least 16 characters");
+    }
+    if b.iter().all(|&c| c == b[0]) {
+        return Some("is one character repeated; use a random token (e.g. `openssl rand -hex 32`)");
+    }
+    let step = b[1].wrapping_sub(b[0]);
+    if (step == 1 || step == 255) && b.windows(2).all(|w| w[1].wrapping_sub(w[0]) == step) {
+        return Some(
+            "is a run of consecutive characters; use a random token (e.g. `openssl rand -hex 32`)",
+        );
+    }
+    None
+}
+
 fn validate_admin(a: RawAdmin, p: &mut Vec<String>) -> Option<AdminConfig> {
     let listen = a.listen?;
     let addr = match listen.parse::<SocketAddr>() {
@@ -1074,16 +1173,16 @@ fn validate_admin(a: RawAdmin, p: &mut Vec<String>) -> Option<AdminConfig> {
         return None;
     };
     match std::env::var(&var) {
-        Ok(t) if t.len() >= 16 => Some(AdminConfig {
-            listen: addr,
-            token: t,
-        }),
-        Ok(_) => {
-            p.push(format!(
-                "admin.token_env: the token in `{var}` must be at least 16 characters"
-            ));
-            None
-        }
+        Ok(t) => match weak_token(&t) {
+            None => Some(AdminConfig {
+                listen: addr,
+                token: t,
+            }),
+            Some(why) => {
+                p.push(format!("admin.token_env: the token in `{var}` {why}"));
+                None
+            }
+        },
         Err(_) => {
             p.push(format!(
                 "admin.token_env: environment variable `{var}` is not set"
@@ -1099,6 +1198,50 @@ mod tests {
 
     fn check(text: &str) -> Result<Config, ConfigError> {
         parse(text)?.validate()
+    }
+
+    const ONE_POOL: &str =
+        "[[pools]]\nmodels = [\"m\"]\nworkers = [{ url = \"http://127.0.0.1:9000\" }]\n";
+
+    #[test]
+    fn weak_admin_tokens_are_refused() {
+        assert!(weak_token("short").is_some());
+        assert!(weak_token(&"a".repeat(32)).is_some());
+        assert!(weak_token("abcdefghijklmnopq").is_some());
+        assert!(weak_token(
+            "9876543210fedcba"
+                .chars()
+                .take(10)
+                .collect::<String>()
+                .as_str()
+        )
+        .is_some());
+        assert!(weak_token("3f9c1a7e52b04d6e8a1f").is_none());
+    }
+
+    #[test]
+    fn max_connections_follows_the_open_file_limit() {
+        assert_eq!(connections_for_fd_limit(1024), 384);
+        assert_eq!(connections_for_fd_limit(1 << 20), ((1 << 20) - 256) / 2);
+        assert_eq!(connections_for_fd_limit(100), 64);
+        let c = check(ONE_POOL).unwrap();
+        assert_eq!(c.server.max_connections, default_max_connections());
+    }
+
+    #[test]
+    fn client_connection_limits_have_defaults_and_bounds() {
+        let c = check(ONE_POOL).unwrap();
+        assert_eq!(c.server.body_read_timeout, Duration::from_secs(30));
+        assert_eq!(c.server.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.max_headers, 100);
+        assert_eq!(c.server.max_header_bytes, 64 * 1024);
+        let text = format!(
+            "[server]\nmax_headers = 0\nmax_header_bytes = 10\nbody_read_timeout_ms = 0\n{ONE_POOL}"
+        );
+        let e = check(&text).unwrap_err().to_string();
+        assert!(e.contains("server.max_headers"), "{e}");
+        assert!(e.contains("server.max_header_bytes"), "{e}");
+        assert!(e.contains("server.body_read_timeout_ms"), "{e}");
     }
 
     #[test]

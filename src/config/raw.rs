@@ -91,8 +91,17 @@ pub struct RawServer {
     pub model_discovery_ms: Option<u64>,
     /// Most client connections open at once.
     pub max_connections: Option<usize>,
-    /// Time a client has to send its request headers (ms); slowloris guard.
+    /// Time a client has to send complete request headers (ms): from accept for
+    /// the first request, and on HTTP/1.1 from the end of the previous response.
     pub header_read_timeout_ms: Option<u64>,
+    /// Time a client has to send the whole request body once its headers are in (ms).
+    pub body_read_timeout_ms: Option<u64>,
+    /// A connection on which no request starts for this long is closed (ms).
+    pub idle_timeout_ms: Option<u64>,
+    /// Most request headers accepted (count); more is answered 431.
+    pub max_headers: Option<usize>,
+    /// Largest request header section accepted (bytes, all names and values); more is answered 431.
+    pub max_header_bytes: Option<usize>,
     /// How long in-flight requests may finish after SIGTERM (ms).
     pub drain_timeout_ms: Option<u64>,
     /// After SIGTERM, keep serving with `/ready` false this long before the
@@ -128,6 +137,10 @@ pub struct RawPool {
     pub policy: Option<String>,
     pub max_attempts: Option<u32>,
     pub pass_client_auth: Option<bool>,
+    /// Client headers the gateway keeps by default (cookies, its own
+    /// `x-switchyard-*`, credentials) to forward to this pool anyway.
+    #[serde(default)]
+    pub forward_headers: Vec<String>,
     /// Name of the environment variable holding the upstream bearer token.
     pub upstream_api_key_env: Option<String>,
     #[serde(default)]

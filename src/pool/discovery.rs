@@ -39,18 +39,39 @@ async fn discover_once(registry: &Registry, client: &UpstreamClient) {
         let Ok((w, r)) = a.await else { continue };
         match r {
             Ok(mut models) => {
+                if w.state.discovery_error.swap(None).is_some() {
+                    tracing::info!(worker = %w.id, "model discovery works again");
+                }
                 models.sort();
+                if models.is_empty() {
+                    tracing::warn!(worker = %w.id, "the worker's /v1/models lists no model");
+                }
                 if **w.state.discovered_models.load() != models {
                     tracing::info!(worker = %w.id, ?models, "discovered models");
                     w.state.discovered_models.store(Arc::new(models));
                     changed = true;
                 }
             }
-            Err(e) => tracing::debug!(worker = %w.id, error = %e, "model discovery failed"),
+            Err(e) => note_failure(&w, format!("{e:#}")),
         }
     }
     if changed {
         registry.rebuild();
+    }
+}
+
+/// Keep a failed discovery's reason on the worker (for `/ready`'s explanation);
+/// warn once per new reason rather than on every retry.
+fn note_failure(w: &super::Worker, reason: String) {
+    let same = w
+        .state
+        .discovery_error
+        .load()
+        .as_deref()
+        .is_some_and(|r| *r == reason);
+    if !same {
+        tracing::warn!(worker = %w.id, error = %reason, "model discovery failed: the worker's models are not served until it answers /v1/models");
+        w.state.discovery_error.store(Some(Arc::new(reason)));
     }
 }
 

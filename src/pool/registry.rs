@@ -150,6 +150,40 @@ impl Snapshot {
                 .all(|r| r.workers.iter().any(|w| w.is_available()))
     }
 
+    /// What keeps the gateway from being ready, in a person's terms (empty
+    /// when [`Snapshot::is_ready`]).
+    pub fn unready_reasons(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for p in self.pools.iter() {
+            if p.workers.is_empty() {
+                out.push(format!("pool `{}` has no worker", p.name));
+                continue;
+            }
+            let serves_any = self.routes.values().any(|r| Arc::ptr_eq(&r.pool, p));
+            if !serves_any {
+                let why: Vec<String> = p
+                    .workers
+                    .iter()
+                    .map(|w| match w.state.discovery_error.load().as_deref() {
+                        Some(e) => format!("{}: {e}", w.id),
+                        None => format!("{}: no model listed yet", w.id),
+                    })
+                    .collect();
+                out.push(format!(
+                    "pool `{}` serves no model yet ({})",
+                    p.name,
+                    why.join("; ")
+                ));
+            } else if !p.workers.iter().any(|w| w.is_available()) {
+                out.push(format!("pool `{}` has no available worker", p.name));
+            }
+        }
+        if self.pools.is_empty() {
+            out.push("no pool is configured".into());
+        }
+        out
+    }
+
     /// Every distinct worker, in config order.
     pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
         let mut seen = BTreeSet::new();

@@ -58,6 +58,8 @@ pub struct WorkerState {
     pub draining: AtomicBool,
     /// Models from the worker's `/v1/models` (discovered pools only).
     pub discovered_models: ArcSwap<Vec<String>>,
+    /// Why the last model discovery failed, while it keeps failing.
+    pub discovery_error: arc_swap::ArcSwapOption<String>,
     /// Engine stats from the poller plus the gateway's corrections (`pool::stats`).
     pub stats: WorkerStats,
     pub health: HealthState,
@@ -72,6 +74,7 @@ impl Default for WorkerState {
             healthy: AtomicBool::new(true),
             draining: AtomicBool::new(false),
             discovered_models: ArcSwap::from_pointee(Vec::new()),
+            discovery_error: arc_swap::ArcSwapOption::empty(),
             stats: WorkerStats::default(),
             health: HealthState::default(),
         }

@@ -18,6 +18,24 @@ pub enum GatewayError {
     BodyTooLarge(usize),
     #[error("Failed to read the request body: {0}")]
     BodyRead(String),
+    #[error("The request body did not arrive within {0:?}")]
+    BodyTimeout(Duration),
+    #[error("The request body must be JSON (Content-Type: application/json), not {0}")]
+    UnsupportedMediaType(String),
+    #[error("Request headers too large: {0}")]
+    HeadersTooLarge(String),
+    #[error(
+        "Transfer-Encoding `{0}` is not supported; send the body with Content-Length or chunked"
+    )]
+    UnsupportedTransferEncoding(String),
+    #[error("Malformed request: {0}")]
+    BadFraming(&'static str),
+    #[error(
+        "x-switchyard-tenant names a tenant that has API keys; authenticate with its key instead"
+    )]
+    TenantNeedsKey,
+    #[error("Method {method} is not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
     #[error("Unknown request URL: {0}")]
     NotFound(String),
     #[error("No healthy worker is available for model `{0}`")]
@@ -48,9 +66,17 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
-            MalformedJson(_) | MissingModel | BodyRead(_) | InvalidResidency { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            MalformedJson(_)
+            | MissingModel
+            | BodyRead(_)
+            | BadFraming(_)
+            | InvalidResidency { .. } => StatusCode::BAD_REQUEST,
+            BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
+            MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            TenantNeedsKey => StatusCode::UNAUTHORIZED,
             UnknownModel(_) | NotFound(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             NoHealthyWorker(_) | ResidencyUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -69,6 +95,13 @@ impl GatewayError {
             UnknownModel(_) => "unknown_model",
             BodyTooLarge(_) => "body_too_large",
             BodyRead(_) => "body_read",
+            BodyTimeout(_) => "body_timeout",
+            UnsupportedMediaType(_) => "unsupported_media_type",
+            HeadersTooLarge(_) => "headers_too_large",
+            UnsupportedTransferEncoding(_) => "unsupported_transfer_encoding",
+            BadFraming(_) => "bad_framing",
+            MethodNotAllowed { .. } => "method_not_allowed",
+            TenantNeedsKey => "tenant_needs_key",
             NotFound(_) => "not_found",
             NoHealthyWorker(_) => "no_healthy_worker",
             ResidencyUnavailable { .. } => "residency_unavailable",
@@ -89,6 +122,13 @@ impl GatewayError {
             MalformedJson(_)
             | MissingModel
             | BodyRead(_)
+            | BodyTimeout(_)
+            | UnsupportedMediaType(_)
+            | HeadersTooLarge(_)
+            | UnsupportedTransferEncoding(_)
+            | BadFraming(_)
+            | MethodNotAllowed { .. }
+            | TenantNeedsKey
             | UnknownModel(_)
             | NotFound(_)
             | BodyTooLarge(_)
@@ -129,10 +169,17 @@ impl GatewayError {
             MalformedJson(_)
             | MissingModel
             | BodyRead(_)
+            | BodyTimeout(_)
+            | UnsupportedMediaType(_)
+            | HeadersTooLarge(_)
+            | UnsupportedTransferEncoding(_)
+            | BadFraming(_)
+            | MethodNotAllowed { .. }
             | UnknownModel(_)
             | NotFound(_)
             | BodyTooLarge(_)
             | InvalidResidency { .. } => "invalid_request_error",
+            TenantNeedsKey => "authentication_error",
             NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
             QueueFull(_) | QueueTimeout(_) => "rate_limit_exceeded",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => {
@@ -147,11 +194,29 @@ impl GatewayError {
             MissingModel => (Some("model"), None),
             UnknownModel(_) => (Some("model"), Some("model_not_found")),
             BodyTooLarge(_) => (None, Some("request_too_large")),
+            BodyTimeout(_) => (None, Some("request_timeout")),
+            MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
+            TenantNeedsKey => (None, Some("invalid_api_key")),
             NotFound(_) => (None, Some("unknown_url")),
             ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
             InvalidResidency { .. } => (None, Some("invalid_residency")),
             _ => (None, None),
         }
+    }
+
+    /// Must the client connection close after this answer? The request's body
+    /// may be unread, or its framing is not to be trusted.
+    pub fn closes_connection(&self) -> bool {
+        use GatewayError::*;
+        matches!(
+            self,
+            BodyTooLarge(_)
+                | BodyTimeout(_)
+                | BodyRead(_)
+                | HeadersTooLarge(_)
+                | UnsupportedTransferEncoding(_)
+                | BadFraming(_)
+        )
     }
 
     /// The error as an OpenAI-shaped JSON response.
@@ -170,6 +235,10 @@ impl GatewayError {
         {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.closes_connection() {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

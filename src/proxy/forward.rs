@@ -3,7 +3,7 @@
 
 use super::client::{origin_form, UpstreamBody, UpstreamClient};
 use super::error::GatewayError;
-use super::headers::{forwardable, strip_hop_by_hop};
+use super::headers::{forwardable, stays_at_gateway, strip_hop_by_hop};
 use super::observe::{ObserveParams, ObservedBody};
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
@@ -726,10 +726,11 @@ fn prepare(
         matches!((cl.next(), cl.next()), (Some(v), None)
             if v.to_str().ok().and_then(|s| s.parse::<usize>().ok()) == Some(body.len()))
     };
+    let allow = &pool.config.forward_headers;
     let mut headers = forwardable(&ctx.parts.headers, 3, |n| {
         n == header::HOST
             || (n == header::CONTENT_LENGTH && !same_length)
-            || (n == header::AUTHORIZATION && !pass_auth)
+            || stays_at_gateway(n, pass_auth, allow)
     });
     if plain {
         headers.insert(header::HOST, worker.host.clone());

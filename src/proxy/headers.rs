@@ -1,5 +1,6 @@
 //! Header rules at the proxy boundary: hop-by-hop headers never cross, client
-//! credentials cross only when the pool allows it.
+//! credentials and the gateway's own control headers cross only when the pool
+//! allows it.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -18,6 +19,28 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name)
         || name.as_str() == "keep-alive"
         || name.as_str() == "proxy-connection"
+}
+
+/// Client credentials a gateway key or a tenant key travels in; forwarded only
+/// with the pool's `pass_client_auth` (or named in its `forward_headers`).
+const CREDENTIALS: &[&str] = &["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// Headers that stay at the gateway unless the pool's `forward_headers` names
+/// them: cookies, and the gateway's own `x-switchyard-*` control headers.
+fn gateway_only(name: &str) -> bool {
+    name == "cookie" || name.starts_with("x-switchyard-")
+}
+
+/// Does a client request header stay at the gateway on its way to this pool?
+/// `allow` is the pool's `forward_headers` (lower-case names).
+pub fn stays_at_gateway(name: &HeaderName, pass_client_auth: bool, allow: &[String]) -> bool {
+    let n = name.as_str();
+    let denied = if CREDENTIALS.contains(&n) {
+        !pass_client_auth
+    } else {
+        gateway_only(n)
+    };
+    denied && !allow.iter().any(|a| a == n)
 }
 
 /// Remove hop-by-hop headers, including any the `Connection` header names.
@@ -95,6 +118,30 @@ mod tests {
         assert_eq!(out.len(), 2, "{out:?}");
         let multi: Vec<_> = out.get_all("x-multi").iter().collect();
         assert_eq!(multi, ["a", "b"]);
+    }
+
+    #[test]
+    fn credentials_and_gateway_headers_stay_unless_the_pool_opts_in() {
+        let n = |s: &'static str| HeaderName::from_static(s);
+        for cred in ["authorization", "x-api-key", "api-key", "x-goog-api-key"] {
+            assert!(stays_at_gateway(&n(cred), false, &[]), "{cred}");
+            assert!(!stays_at_gateway(&n(cred), true, &[]), "{cred}");
+        }
+        assert!(stays_at_gateway(&n("cookie"), true, &[]));
+        assert!(!stays_at_gateway(&n("cookie"), false, &["cookie".into()]));
+        assert!(stays_at_gateway(&n("x-switchyard-tenant"), true, &[]));
+        assert!(!stays_at_gateway(
+            &n("x-switchyard-tenant"),
+            false,
+            &["x-switchyard-tenant".into()]
+        ));
+        assert!(!stays_at_gateway(
+            &n("x-api-key"),
+            false,
+            &["x-api-key".into()]
+        ));
+        assert!(!stays_at_gateway(&n("content-type"), false, &[]));
+        assert!(!stays_at_gateway(&n("x-request-id"), false, &[]));
     }
 
     #[test]

@@ -23,6 +23,9 @@ pub async fn spawn(gw: Arc<Gateway>) -> std::io::Result<Option<SocketAddr>> {
     };
     let listener = tokio::net::TcpListener::bind(admin.listen).await?;
     let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "the admin API listens on a non-loopback address: anyone who can reach it needs only the token; prefer 127.0.0.1 and a tunnel");
+    }
     let app = router(gw);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
@@ -70,15 +73,31 @@ async fn authenticate(State(gw): State<Arc<Gateway>>, req: Request, next: Next) 
     let given = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| bearer_token(v.as_bytes()));
     match given {
-        Some(t) if same(t.as_bytes(), admin.token.as_bytes()) => next.run(req).await,
-        _ => error(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong admin bearer token",
-        ),
+        Some(t) if same(t, admin.token.as_bytes()) => next.run(req).await,
+        _ => {
+            let mut resp = error(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong admin bearer token",
+            );
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"switchyard-admin\""),
+            );
+            resp
+        }
     }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme name is
+/// case-insensitive (RFC 9110 §11.1).
+fn bearer_token(v: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = v.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| rest.trim_ascii())
+        .filter(|t| !t.is_empty())
 }
 
 #[derive(Serialize)]
@@ -218,6 +237,18 @@ async fn reload(State(gw): State<Arc<Gateway>>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"BEARER  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"Basic abc"), None);
+        assert_eq!(bearer_token(b"Bearer "), None);
+        assert_eq!(bearer_token(b"Bear"), None);
+    }
+
     #[test]
     fn token_comparison() {
         assert!(super::same(b"abcdefgh", b"abcdefgh"));

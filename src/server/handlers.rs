@@ -1,7 +1,7 @@
 //! Route handlers: the proxy entry point and the gateway's own endpoints.
 
 use super::{request_id, Gateway};
-use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
+use crate::api::{self, inspect::InspectError, models::ModelCard, models::ModelList, Endpoint};
 use crate::proxy::{self, ForwardContext, GatewayError, SESSION_HEADER};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
@@ -34,7 +34,9 @@ where
     // The route, once known, names the model for error metrics.
     let mut known: Option<&Arc<crate::pool::ModelRoute>> = None;
     // Admission: who is calling, and which trace this request belongs to.
-    let tenant = gw.tenancy.load().resolve(&parts.headers);
+    let Ok(tenant) = gw.tenancy.load().resolve(&parts.headers) else {
+        return refuse(&GatewayError::TenantNeedsKey, &parts.headers);
+    };
     // Where the request may be served: the tenant's residency, narrowed by the header.
     let residency = request_residency(
         &snap.config.global,
@@ -58,12 +60,18 @@ where
             .tags(snap.config.clone(), request_id.clone(), tenant, trace),
     );
     let result = async {
-        let body = read_body(body, &parts.headers, server.max_body_bytes).await?;
+        let body = read_body(body, &parts.headers, server.max_body_bytes);
+        let body = match tokio::time::timeout(server.body_read_timeout, body).await {
+            Ok(b) => b?,
+            Err(_) => {
+                super::conn::Closed::BodyTimeout.count();
+                return Err(GatewayError::BodyTimeout(server.body_read_timeout));
+            }
+        };
         if let Some(t) = unshared(&mut tags) {
             t.request_bytes = body.len() as u64;
         }
-        let info = api::inspect(&body)
-            .map_err(|InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
+        let info = api::inspect(&body).map_err(|e| not_inspectable(e, &parts.headers))?;
         if let Some(t) = unshared(&mut tags) {
             t.stream = info.stream;
         }
@@ -71,7 +79,7 @@ where
             .model
             .as_deref()
             .ok_or(if endpoint == Endpoint::Other {
-                GatewayError::NotFound(parts.uri.path().to_string())
+                GatewayError::NotFound(api::error::echo(parts.uri.path()))
             } else {
                 GatewayError::MissingModel
             })?;
@@ -87,7 +95,7 @@ where
         // A pool's model name, or a split resolved to one of its pools.
         let resolved = snap
             .resolve(name, session, residency.as_ref())
-            .ok_or_else(|| GatewayError::UnknownModel(name.to_string()))?;
+            .ok_or_else(|| GatewayError::UnknownModel(api::error::echo(name)))?;
         let route = resolved.route;
         // A split target gets the model name its pool serves.
         let body = if resolved.split {
@@ -196,6 +204,37 @@ where
     resp
 }
 
+/// Why a body could not be inspected, in the client's terms: a body that is not
+/// JSON because it was sent as a form is named by its content type.
+fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
+    let InspectError::Malformed(m) = e;
+    let media = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    if !media.is_empty() && media != "application/json" && !media.ends_with("+json") {
+        return GatewayError::UnsupportedMediaType(api::error::echo(&media));
+    }
+    GatewayError::MalformedJson(m)
+}
+
+/// A request refused before any handler ran (its headers broke a limit): an
+/// OpenAI-shaped error, counted, with the request id.
+pub(super) fn refuse(e: &GatewayError, headers: &http::HeaderMap) -> Response {
+    telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
+    let mut resp: Response = e.to_response();
+    resp.headers_mut()
+        .insert(request_id::HEADER, request_id::get_or_make(headers));
+    resp
+}
+
 /// The request's tags while admission still fills them in: nothing else holds
 /// them before the first attempt shares them with its response.
 fn unshared(tags: &mut Arc<RequestTags>) -> Option<&mut RequestTags> {
@@ -273,6 +312,31 @@ pub async fn models(State(gw): State<Arc<Gateway>>) -> Json<ModelList> {
     Json(ModelList::new(gw.registry.snapshot().model_names()))
 }
 
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): one served model, or a
+/// 404 in OpenAI's shape. Model ids may contain `/`.
+pub async fn model(
+    State(gw): State<Arc<Gateway>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    let known = gw.registry.snapshot().model_names().contains(&id);
+    if known {
+        return Json(ModelCard::new(id)).into_response();
+    }
+    let e = GatewayError::UnknownModel(api::error::echo(&id));
+    telemetry::record_gateway_error(None, e.reason(), 404);
+    e.to_response()
+}
+
+/// A known path asked with a method it does not serve: 405 in OpenAI's shape,
+/// with `Allow` filled in by the router.
+pub async fn method_not_allowed(req: Request) -> Response {
+    let e = GatewayError::MethodNotAllowed {
+        method: api::error::echo(req.method().as_str()),
+        path: api::error::echo(req.uri().path()),
+    };
+    refuse(&e, req.headers())
+}
+
 /// `GET /health`: the process is alive.
 pub async fn health() -> &'static str {
     "ok"
@@ -307,10 +371,6 @@ pub async fn fallback(state: State<Arc<Gateway>>, req: Request) -> Response {
     if req.uri().path().starts_with("/v1/") && req.method() == http::Method::POST {
         return proxy(state, req).await;
     }
-    let e = GatewayError::NotFound(req.uri().path().to_string());
-    telemetry::record_gateway_error(None, e.reason(), 404);
-    let mut resp: Response = e.to_response();
-    resp.headers_mut()
-        .insert(request_id::HEADER, request_id::get_or_make(req.headers()));
-    resp
+    let e = GatewayError::NotFound(api::error::echo(req.uri().path()));
+    refuse(&e, req.headers())
 }

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub(crate) mod busy_poll;
+mod conn;
 mod handlers;
 mod reload;
 mod request_id;
@@ -16,10 +17,10 @@ use crate::proxy::UpstreamClient;
 use crate::telemetry::{self, names};
 use axum::routing::{get, post};
 use axum::Router;
+use conn::{ConnState, ConnTimeouts, HeaderLimits, Scanned};
 use hyper::service::Service as HyperService;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use metrics::gauge;
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -125,11 +126,13 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/embeddings", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/responses", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/models", get(handlers::models))
+        .route("/v1/models/{*id}", get(handlers::model))
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
         .route("/metrics", get(handlers::metrics))
         .merge(crate::dashboard::router(&gw))
         .fallback(handlers::fallback)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(gw)
 }
 
@@ -140,6 +143,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
 struct GatewayService {
     gw: Arc<Gateway>,
     app: TowerToHyperService<Router>,
+    conn: Arc<ConnState>,
+    limits: HeaderLimits,
 }
 
 type ServiceFuture =
@@ -152,6 +157,10 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         busy_poll::touch();
+        if let Err(e) = self.conn.admit(&req, self.limits) {
+            let resp = handlers::refuse(&e, req.headers());
+            return Box::pin(std::future::ready(Ok(resp)));
+        }
         if req.method() == http::Method::POST
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {
@@ -212,6 +221,25 @@ pub async fn spawn(config: Config) -> std::io::Result<ServerHandle> {
     })
 }
 
+/// The HTTP/1 and HTTP/2 settings of client connections: header limits and the
+/// HTTP/1 header timeout (which also bounds an idle keep-alive connection).
+fn connection_builder(cfg: &crate::config::ServerConfig) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(cfg.header_read_timeout)
+        .max_headers(cfg.max_headers)
+        // The read buffer bounds the header section (hyper answers 431 when
+        // headers do not fit); 8 KiB is hyper's smallest.
+        .max_buf_size(cfg.max_header_bytes.max(8192))
+        .keep_alive(true);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
+    builder
+}
+
 /// Accept connections until `shutdown` resolves, then drain.
 pub async fn serve(
     listener: TcpListener,
@@ -241,13 +269,18 @@ pub(crate) async fn serve_with_permits(
 ) -> std::io::Result<()> {
     let app = router(gw.clone());
     let server_cfg = gw.registry.config().server.clone();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(server_cfg.header_read_timeout)
-        .keep_alive(true);
-    let graceful = GracefulShutdown::new();
+    let builder = connection_builder(&server_cfg);
+    let limits = HeaderLimits {
+        max_headers: server_cfg.max_headers,
+        max_header_bytes: server_cfg.max_header_bytes,
+    };
+    let timeouts = ConnTimeouts {
+        header: server_cfg.header_read_timeout,
+        idle: server_cfg.idle_timeout,
+    };
+    // Connections hold a receiver: `true` asks them to shut down gracefully, and
+    // the sender's `closed()` tells when the last one has ended.
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let mut grace_end = tokio::time::Instant::now();
     tokio::pin!(shutdown);
     loop {
@@ -276,16 +309,20 @@ pub(crate) async fn serve_with_permits(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let state = Arc::new(ConnState::default());
                 let svc = GatewayService {
                     gw: gw.clone(),
                     app: TowerToHyperService::new(app.clone()),
+                    conn: state.clone(),
+                    limits,
                 };
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn.into_owned());
+                let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+                let stop = drain_rx.clone();
                 let open = gauge!(names::CONNECTIONS_OPEN);
                 open.increment(1.0);
                 tokio::spawn(async move {
-                    let _ = conn.await;
+                    conn::drive(conn, &state, timeouts, stop).await;
                     open.decrement(1.0);
                     drop(permit);
                 });
@@ -304,7 +341,9 @@ pub(crate) async fn serve_with_permits(
     }
     gw.shutting_down.store(true, Ordering::Relaxed);
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
+    drop(drain_rx);
+    let _ = drain_tx.send(true);
+    if tokio::time::timeout(drain, drain_tx.closed())
         .await
         .is_err()
     {

@@ -42,6 +42,7 @@ pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "switchyard_retry_budget_exhauste
 pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
 pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
 pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
+pub const CONNECTIONS_CLOSED_TOTAL: &str = "switchyard_connections_closed_total";
 pub const BUSY_POLL_MICROSECONDS: &str = "switchyard_busy_poll_microseconds_total";
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
@@ -246,6 +247,10 @@ fn describe_routing() {
     describe_gauge!(
         CONNECTIONS_OPEN,
         "Client connections the gateway currently holds open."
+    );
+    describe_counter!(
+        CONNECTIONS_CLOSED_TOTAL,
+        "Client connections the gateway closed, by reason: header_timeout, idle_timeout, body_timeout, bad_framing."
     );
     describe_gauge!(
         WORKER_KV_USAGE_RATIO,

@@ -31,6 +31,8 @@ pub struct Tenant {
 /// API-key → tenant lookup, built from the config.
 pub struct Tenancy {
     by_key_hash: HashMap<[u8; 16], Tenant>,
+    /// Names of the tenants that have keys: the header may not claim them.
+    keyed: std::collections::HashSet<Arc<str>>,
     anonymous: Tenant,
     trust_header: bool,
 }
@@ -56,9 +58,11 @@ impl Tenancy {
                     },
                 )
             })
-            .collect();
+            .collect::<HashMap<_, Tenant>>();
+        let keyed = by_key_hash.values().map(|t| t.name.clone()).collect();
         Tenancy {
             by_key_hash,
+            keyed,
             anonymous: Tenant {
                 name: Arc::from(ANONYMOUS_TENANT),
                 authenticated: false,
@@ -68,8 +72,10 @@ impl Tenancy {
         }
     }
 
-    /// The tenant of a request, from its headers.
-    pub fn resolve(&self, headers: &HeaderMap) -> Tenant {
+    /// The tenant of a request, from its headers. The tenant header is the
+    /// trust boundary's one exception: with `trust_tenant_header` a front proxy
+    /// may name a tenant, but never one that has keys (that needs the key).
+    pub fn resolve(&self, headers: &HeaderMap) -> Result<Tenant, Refused> {
         let key = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -77,7 +83,7 @@ impl Tenancy {
             .map(str::trim);
         if let Some(k) = key.filter(|k| !k.is_empty()) {
             if let Some(t) = self.by_key_hash.get(&key_hash(k.as_bytes())) {
-                return t.clone();
+                return Ok(t.clone());
             }
         }
         if self.trust_header {
@@ -91,16 +97,24 @@ impl Tenancy {
                             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
                 });
             if let Some(n) = named {
-                return Tenant {
+                if self.keyed.contains(n) {
+                    return Err(Refused);
+                }
+                return Ok(Tenant {
                     name: Arc::from(n),
                     authenticated: false,
                     residency: None,
-                };
+                });
             }
         }
-        self.anonymous.clone()
+        Ok(self.anonymous.clone())
     }
 }
+
+/// A request named, in the tenant header, a tenant that has API keys without
+/// presenting one of them.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Refused;
 
 #[cfg(test)]
 mod tests {
@@ -139,34 +153,61 @@ mod tests {
     #[test]
     fn keys_map_to_tenants_and_unknown_keys_are_anonymous() {
         let t = tenancy(false);
-        let acme = t.resolve(&headers(&[("authorization", "Bearer sk-acme-123")]));
+        let acme = t
+            .resolve(&headers(&[("authorization", "Bearer sk-acme-123")]))
+            .unwrap();
         assert_eq!(&*acme.name, "acme");
         assert!(acme.authenticated);
         assert_eq!(
             &*t.resolve(&headers(&[("authorization", "Bearer sk-globex-456")]))
+                .unwrap()
                 .name,
             "globex"
         );
         assert_eq!(
             &*t.resolve(&headers(&[("authorization", "Bearer sk-acme-12")]))
+                .unwrap()
                 .name,
             ANONYMOUS_TENANT
         );
-        assert_eq!(&*t.resolve(&HeaderMap::new()).name, ANONYMOUS_TENANT);
+        assert_eq!(
+            &*t.resolve(&HeaderMap::new()).unwrap().name,
+            ANONYMOUS_TENANT
+        );
     }
 
     #[test]
     fn the_tenant_header_is_honoured_only_when_trusted() {
         let h = headers(&[(TENANT_HEADER.as_str(), "team-7")]);
-        assert_eq!(&*tenancy(false).resolve(&h).name, ANONYMOUS_TENANT);
-        assert_eq!(&*tenancy(true).resolve(&h).name, "team-7");
+        assert_eq!(&*tenancy(false).resolve(&h).unwrap().name, ANONYMOUS_TENANT);
+        assert_eq!(&*tenancy(true).resolve(&h).unwrap().name, "team-7");
         // A key wins over the header; odd header values are ignored.
         let both = headers(&[
             (TENANT_HEADER.as_str(), "team-7"),
             ("authorization", "Bearer sk-acme-123"),
         ]);
-        assert_eq!(&*tenancy(true).resolve(&both).name, "acme");
+        assert_eq!(&*tenancy(true).resolve(&both).unwrap().name, "acme");
         let odd = headers(&[(TENANT_HEADER.as_str(), "a b")]);
-        assert_eq!(&*tenancy(true).resolve(&odd).name, ANONYMOUS_TENANT);
+        assert_eq!(
+            &*tenancy(true).resolve(&odd).unwrap().name,
+            ANONYMOUS_TENANT
+        );
+    }
+
+    #[test]
+    fn the_tenant_header_cannot_claim_a_keyed_tenant() {
+        let claim = headers(&[(TENANT_HEADER.as_str(), "acme")]);
+        assert_eq!(tenancy(true).resolve(&claim), Err(Refused));
+        // Untrusted, the header is ignored altogether.
+        assert_eq!(
+            &*tenancy(false).resolve(&claim).unwrap().name,
+            ANONYMOUS_TENANT
+        );
+        // With acme's key the request is acme's, whatever the header says.
+        let keyed = headers(&[
+            (TENANT_HEADER.as_str(), "globex"),
+            ("authorization", "Bearer sk-acme-123"),
+        ]);
+        assert_eq!(&*tenancy(true).resolve(&keyed).unwrap().name, "acme");
     }
 }
