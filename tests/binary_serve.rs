@@ -197,3 +197,124 @@ async fn busy_polling_spins_after_requests_and_parks_when_idle() {
         "serving thread busy while idle: {used_ms} ms of 600"
     );
 }
+
+/// The soft and hard open-file limits of a process (Linux `/proc/PID/limits`).
+fn open_file_limits(pid: u32) -> (String, String) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files line");
+    let f: Vec<&str> = line.split_whitespace().collect();
+    (f[3].to_string(), f[4].to_string())
+}
+
+#[tokio::test]
+async fn the_binary_raises_its_open_file_limit_and_logs_without_colour() {
+    let sims = sims(1, 1.0).await;
+    let worker = urls(&sims)[0].clone();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--worker", &worker])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let pid = child.id().unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut logged = String::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(l) = err.next_line().await.unwrap() {
+            logged.push_str(&l);
+            logged.push('\n');
+            if l.contains("switchyard listening") {
+                return;
+            }
+        }
+        panic!("binary exited: {logged}");
+    })
+    .await
+    .expect("listening log line");
+    let (soft, hard) = open_file_limits(pid);
+    assert_eq!(soft, hard, "soft limit raised to the hard one");
+    assert!(logged.contains("open-file limit"), "{logged}");
+    assert!(logged.contains("max_connections"), "{logged}");
+    assert!(!logged.contains('\u{1b}'), "colour codes in a piped log: {logged}");
+    child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_worker_without_models_is_reported_instead_of_ready() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("http://{}", l.local_addr().unwrap());
+    drop(l);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--worker", &dead])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), out.next_line())
+        .await
+        .expect("a first line")
+        .unwrap()
+        .expect("stdout open");
+    assert!(first.starts_with("switchyard listening url="), "{first}");
+    assert!(first.contains("not ready"), "{first}");
+    assert!(first.contains(&dead), "{first}");
+    let mut err = BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(l) = err.next_line().await.unwrap() {
+            if l.contains("WARN") && l.contains("model discovery failed") && l.contains(&dead) {
+                return;
+            }
+        }
+        panic!("no discovery warning");
+    })
+    .await
+    .expect("discovery warning");
+    child.kill().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_demo_names_a_taken_port_and_the_flag_to_change_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["demo", "--workers", "1", "--listen", &addr])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&addr) && err.contains("--listen"), "{err}");
+}
+
+#[test]
+fn every_sim_option_has_a_description() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["sim", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = help.lines().collect();
+    let mut options = 0;
+    for (i, l) in lines.iter().enumerate() {
+        if !l.trim_start().starts_with('-') {
+            continue;
+        }
+        options += 1;
+        // Either "  --flag <V>  Description" or the description on the next line.
+        let same_line = l.trim().split_once("  ").map(|(_, d)| d.trim());
+        let next_line = lines
+            .get(i + 1)
+            .map(|n| n.trim())
+            .filter(|n| !n.starts_with('-'));
+        let described = same_line.is_some_and(|d| !d.is_empty())
+            || next_line.is_some_and(|d| !d.is_empty());
+        assert!(described, "option without a description: {l:?}\n{help}");
+    }
+    assert!(options > 10, "{help}");
+}
