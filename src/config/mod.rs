@@ -16,6 +16,7 @@ pub use global::{
 };
 pub use observability::{ObservabilityConfig, TenancyConfig};
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
@@ -564,8 +565,32 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     parse(&text)?.validate()
 }
 
-/// Normalise a worker URL: scheme http/https, a host, no query; trailing slash dropped.
+/// `url` with the password of its userinfo (or a lone user name, which may be a
+/// token) replaced by `***`, for messages.
+fn redact_userinfo(url: &str) -> Cow<'_, str> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
+        return Cow::Borrowed(url);
+    };
+    let masked = match url[start..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    Cow::Owned(format!("{}{masked}{}", &url[..start], &url[at..]))
+}
+
+/// Normalise a worker URL: scheme http/https, a host, no userinfo, no query;
+/// trailing slash dropped. Messages never show a password.
 pub fn normalize_worker_url(s: &str) -> Result<String, String> {
+    let shown = redact_userinfo(s);
+    if matches!(shown, Cow::Owned(_)) {
+        return Err(format!(
+            "`{shown}`: user credentials (`user:password@`) are not allowed in a worker URL (they would show in metrics, the dashboard and the upstream Host header); use upstream_api_key_env for a bearer token"
+        ));
+    }
     let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
@@ -1167,6 +1192,34 @@ mod tests {
         ] {
             assert!(all.contains(needle), "missing `{needle}` in:\n{all}");
         }
+    }
+
+    #[test]
+    fn worker_urls_with_credentials_are_rejected_without_the_password() {
+        for (url, shown) in [
+            (
+                "http://alice:s3cret-pw@10.0.0.5:8000/v1",
+                "http://alice:***@10.0.0.5:8000/v1",
+            ),
+            ("https://tok3n-s3cret@h:1", "https://***@h:1"),
+            ("alice:s3cret-pw@h:1", "alice:***@h:1"),
+        ] {
+            let e = normalize_worker_url(url).unwrap_err();
+            assert!(!e.contains("s3cret"), "{e}");
+            assert!(e.contains(shown) && e.contains("not allowed"), "{e}");
+        }
+        // A path may contain `@`.
+        assert!(normalize_worker_url("http://h:1/@x").is_ok());
+        let e = check(
+            "[[pools]]\nmodels = [\"n\"]\nworkers = [{ url = \"http://bob:hunter2@h:2\" }]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("pools[0].workers[0].url: `http://bob:***@h:2`"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
     }
 
     #[test]
