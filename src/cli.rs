@@ -1,8 +1,14 @@
 //! Command-line entry points shared by the binary: `serve`, `check-config`, `demo`.
 
-use crate::config::{self, Config, PolicyKind, RawConfig, RawPool, RawWorker};
+use crate::config::{self, Config, PolicyKind, RawConfig, RawPool, RawWorker, Secrets};
+use clap::builder::PossibleValuesParser;
 use clap::Args;
 use std::path::PathBuf;
+
+/// `--policy` takes one of the policy names.
+fn policy_names() -> PossibleValuesParser {
+    PossibleValuesParser::new(PolicyKind::ALL.iter().map(|p| p.as_str()))
+}
 
 /// `switchyard serve` flags. Flags override the file; `--worker` adds workers to a
 /// pool named `cli` whose models are discovered from each worker's `/v1/models`.
@@ -11,14 +17,14 @@ pub struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, short)]
     pub config: Option<PathBuf>,
-    /// Listen address, e.g. 127.0.0.1:8080 (overrides server.listen).
+    /// Listen address, e.g. 127.0.0.1:8080 or localhost:8080 (overrides server.listen).
     #[arg(long)]
     pub listen: Option<String>,
     /// Upstream worker base URL (repeatable).
     #[arg(long = "worker")]
     pub workers: Vec<String>,
     /// Routing policy for the `--worker` pool (or for every pool when no --worker is given).
-    #[arg(long)]
+    #[arg(long, value_parser = policy_names())]
     pub policy: Option<String>,
     /// Add x-switchyard-route headers to responses.
     #[arg(long)]
@@ -37,17 +43,14 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// Merge the file (if any) and the flags, then validate.
+    /// Merge the file (if any) and the flags, then validate (reporting the
+    /// file's reading problems together with the validation problems).
     pub fn resolve(&self) -> Result<Config, config::ConfigError> {
-        let mut raw = match &self.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| config::ConfigError {
-                    problems: vec![format!("{}: {e}", path.display())],
-                })?;
-                config::parse(&text)?
-            }
-            None => RawConfig::default(),
+        let mut parsed = match &self.config {
+            Some(path) => config::read_file(path)?,
+            None => config::Parsed::from(RawConfig::default()),
         };
+        let raw = &mut parsed.raw;
         if let Some(l) = &self.listen {
             raw.server.listen = Some(l.clone());
         }
@@ -66,7 +69,10 @@ impl ServeArgs {
         if let Some(p) = &self.policy {
             if PolicyKind::parse(p).is_none() {
                 return Err(config::ConfigError {
-                    problems: vec![format!("--policy: unknown policy `{p}`")],
+                    problems: vec![format!(
+                        "--policy: unknown policy `{p}` (expected one of: {})",
+                        PolicyKind::names()
+                    )],
                 });
             }
             if self.workers.is_empty() {
@@ -90,7 +96,7 @@ impl ServeArgs {
                 ..Default::default()
             });
         }
-        raw.validate()
+        parsed.validate(Secrets::Required).map(|c| c.config)
     }
 }
 
@@ -102,9 +108,14 @@ impl ServeArgs {
     }
 }
 
-/// `switchyard check-config FILE`: validate and summarise.
-pub fn check_config(path: &std::path::Path) -> Result<String, config::ConfigError> {
-    let c = config::load(path)?;
+/// `switchyard check-config [--no-secrets] FILE`: validate and summarise (with
+/// a `note:` line per unset secret when `secrets` is optional).
+pub fn check_config(
+    path: &std::path::Path,
+    secrets: Secrets,
+) -> Result<String, config::ConfigError> {
+    let checked = config::check_file(path, secrets)?;
+    let c = &checked.config;
     let workers: usize = c.pools.iter().map(|p| p.workers.len()).sum();
     let mut out = format!(
         "{}: ok ({} pools, {} workers, listen {})",
@@ -124,6 +135,9 @@ pub fn check_config(path: &std::path::Path) -> Result<String, config::ConfigErro
         ));
     } else if !g.splits.is_empty() {
         out.push_str(&format!("; {} splits", g.splits.len()));
+    }
+    for n in &checked.notes {
+        out.push_str(&format!("\nnote: {n}"));
     }
     Ok(out)
 }

@@ -6,6 +6,7 @@
 //! Regions are turned into small integer ids (in name order) so that routing tests
 //! a worker's region against a request's allowed set with one bit operation.
 
+use super::Problems;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -237,7 +238,7 @@ fn region_name_problem(name: &str) -> Option<&'static str> {
 }
 
 /// Validate the global sections, pushing problems that name their keys.
-pub fn validate(raw: GlobalRaw<'_>, p: &mut Vec<String>) -> GlobalConfig {
+pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
     if raw.regions.len() > MAX_REGIONS {
         p.push(format!(
             "regions: at most {MAX_REGIONS} regions may be declared (got {})",
@@ -319,8 +320,12 @@ pub fn validate(raw: GlobalRaw<'_>, p: &mut Vec<String>) -> GlobalConfig {
         r.rtt_ms[i] = Some(0);
     }
 
+    // `regions` rejected while reading: no region is declared, and references
+    // to one are not reported again.
+    let regions_lost = p.rejected_at("regions");
     let region = raw.server_region.as_deref().and_then(|r| match id(r) {
         Some(id) => Some(id),
+        None if regions_lost => None,
         None => {
             p.push(format!(
                 "server.region: unknown region `{r}` (declared: {})",
@@ -348,6 +353,7 @@ pub fn validate(raw: GlobalRaw<'_>, p: &mut Vec<String>) -> GlobalConfig {
         for (j, r) in list.iter().enumerate() {
             match id(r) {
                 Some(r) => set = RegionSet(set.0 | RegionSet::of([r]).0),
+                None if regions_lost => {}
                 None => p.push(format!(
                     "{key}[{j}]: unknown region `{r}` (declared: {})",
                     declared()
@@ -406,10 +412,12 @@ pub fn validate(raw: GlobalRaw<'_>, p: &mut Vec<String>) -> GlobalConfig {
         let mut targets: Vec<(String, f64)> = Vec::new();
         for (j, t) in s.targets.into_iter().enumerate() {
             if !raw.pools.contains(&t.pool.as_str()) {
-                p.push(format!(
-                    "{key}.targets[{j}].pool: no pool named `{}`",
-                    t.pool
-                ));
+                if !p.rejected_at("pools") {
+                    p.push(format!(
+                        "{key}.targets[{j}].pool: {}",
+                        super::no_pool(&t.pool, raw.pools)
+                    ));
+                }
             } else if targets.iter().any(|(n, _)| *n == t.pool) {
                 p.push(format!(
                     "{key}.targets[{j}].pool: `{}` listed twice",

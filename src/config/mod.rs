@@ -1,10 +1,18 @@
 //! Configuration: a TOML file read into [`RawConfig`] (serde, unknown keys rejected),
 //! then validated into the typed [`Config`] the rest of the gateway reads. Every
-//! rejection names the key path. Defaults live here and nowhere else.
+//! rejection names the key path, and one run reports them all: type errors and
+//! unknown keys while reading (`read.rs`), then everything validation finds,
+//! except what only follows from an earlier rejection (`problems.rs`). Defaults
+//! live here and nowhere else.
 
 pub mod global;
 pub mod observability;
+mod problems;
 mod raw;
+mod read;
+
+use problems::Problems;
+pub use problems::Secrets;
 
 pub use raw::{
     RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,
@@ -16,9 +24,10 @@ pub use global::{
 };
 pub use observability::{ObservabilityConfig, TenancyConfig};
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
@@ -162,7 +171,8 @@ impl PolicyKind {
         Self::ALL.iter().copied().find(|p| p.as_str() == s)
     }
 
-    fn names() -> String {
+    /// The policy names, comma-separated (for messages).
+    pub fn names() -> String {
         Self::ALL
             .iter()
             .map(|p| p.as_str())
@@ -273,10 +283,16 @@ impl RoutingConfig {
 }
 
 impl RawRouting {
-    /// Validate, pushing problems prefixed with `key` (e.g. `pools[0].routing`).
-    fn validate(self, key: &str, policy: PolicyKind, problems: &mut Vec<String>) -> RoutingConfig {
+    /// Validate, pushing problems prefixed with `key` (e.g. `pools[0].routing`);
+    /// `policy` is `None` when the pool's policy was rejected.
+    fn validate(
+        self,
+        key: &str,
+        policy: Option<PolicyKind>,
+        problems: &mut Problems,
+    ) -> RoutingConfig {
         let d = RoutingConfig::default();
-        let nz = |v: Option<u32>, name: &str, def: NonZeroU32, problems: &mut Vec<String>| match v {
+        let nz = |v: Option<u32>, name: &str, def: NonZeroU32, problems: &mut Problems| match v {
             None => def,
             Some(v) => NonZeroU32::new(v).unwrap_or_else(|| {
                 problems.push(format!("{key}.{name}: must be at least 1"));
@@ -290,7 +306,7 @@ impl RawRouting {
             d.bytes_per_token,
             problems,
         );
-        let non_neg = |v: Option<f64>, name: &str, def: f64, problems: &mut Vec<String>| {
+        let non_neg = |v: Option<f64>, name: &str, def: f64, problems: &mut Problems| {
             let v = v.unwrap_or(def);
             if !(v.is_finite() && v >= 0.0) {
                 problems.push(format!(
@@ -328,16 +344,17 @@ impl RawRouting {
         }
         let mut scorers = Vec::new();
         match (&self.scorers, policy) {
-            (None, PolicyKind::Weighted) => problems.push(format!(
+            (None, Some(PolicyKind::Weighted)) => problems.push(format!(
                 "{key}.scorers: policy `weighted` needs a list of scorers"
             )),
-            (Some(_), p) if p != PolicyKind::Weighted => problems.push(format!(
+            (Some(_), Some(p)) if p != PolicyKind::Weighted => problems.push(format!(
                 "{key}.scorers: only valid with policy = \"weighted\" (this pool's policy is `{p}`)"
             )),
             _ => {}
         }
         for (i, s) in self.scorers.iter().flatten().enumerate() {
-            let Some(kind) = ScorerKind::parse(&s.name) else {
+            let kind = ScorerKind::parse(&s.name);
+            if kind.is_none() {
                 problems.push(format!(
                     "{key}.scorers[{i}].name: unknown scorer `{}` (expected one of: {})",
                     s.name,
@@ -347,8 +364,7 @@ impl RawRouting {
                         .collect::<Vec<_>>()
                         .join(", ")
                 ));
-                continue;
-            };
+            }
             if !(s.weight.is_finite() && s.weight > 0.0) {
                 problems.push(format!(
                     "{key}.scorers[{i}].weight: must be a finite number > 0 (got {})",
@@ -356,6 +372,7 @@ impl RawRouting {
                 ));
                 continue;
             }
+            let Some(kind) = kind else { continue };
             if scorers.iter().any(|(k, _)| *k == kind) {
                 problems.push(format!(
                     "{key}.scorers[{i}].name: scorer `{}` listed twice",
@@ -586,20 +603,109 @@ impl ConfigError {
     }
 }
 
-/// Parse TOML text into a raw config; unknown keys are errors.
-pub fn parse(text: &str) -> Result<RawConfig, ConfigError> {
-    toml::from_str(text).map_err(|e| ConfigError::one(e.to_string().trim().to_string()))
+/// A validated configuration and the notes of the check (unset secrets when
+/// they are optional).
+#[derive(Debug)]
+pub struct Checked {
+    pub config: Config,
+    pub notes: Vec<String>,
 }
 
-/// Read, parse and validate a config file.
-pub fn load(path: &Path) -> Result<Config, ConfigError> {
+/// A raw configuration as read, with the problems found while reading it: flags
+/// can still be applied to `raw` before [`Parsed::validate`] reports everything.
+#[derive(Debug)]
+pub struct Parsed {
+    pub raw: RawConfig,
+    problems: Problems,
+}
+
+impl From<RawConfig> for Parsed {
+    fn from(raw: RawConfig) -> Self {
+        Parsed {
+            raw,
+            problems: Problems::default(),
+        }
+    }
+}
+
+impl Parsed {
+    /// Validate, reporting the reading problems and the validation problems
+    /// together (a TOML syntax error alone ends the check).
+    pub fn validate(self, secrets: Secrets) -> Result<Checked, ConfigError> {
+        let mut problems = self.problems;
+        if problems.is_unreadable() {
+            return Err(problems.error().expect("a syntax error is a problem"));
+        }
+        problems.secrets = secrets;
+        let config = self.raw.validate_with(&mut problems)?;
+        Ok(Checked {
+            config,
+            notes: problems.into_notes(),
+        })
+    }
+}
+
+/// Read TOML text into a raw config, noting every syntax error (the first ends
+/// the reading), unknown key and wrongly typed value.
+pub fn read(text: &str) -> Parsed {
+    let mut problems = Problems::default();
+    let raw = read::read(text, &mut problems);
+    Parsed { raw, problems }
+}
+
+/// Parse TOML text into a raw config; unknown keys and type errors are errors
+/// (all of them are reported).
+pub fn parse(text: &str) -> Result<RawConfig, ConfigError> {
+    let parsed = read(text);
+    match parsed.problems.error() {
+        Some(e) => Err(e),
+        None => Ok(parsed.raw),
+    }
+}
+
+/// Read a file into a raw config (see [`read`]).
+pub fn read_file(path: &Path) -> Result<Parsed, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::one(format!("{}: {e}", path.display())))?;
-    parse(&text)?.validate()
+    Ok(read(&text))
 }
 
-/// Normalise a worker URL: scheme http/https, a host, no query; trailing slash dropped.
+/// Read and validate a config file, reporting every problem at once.
+pub fn check_file(path: &Path, secrets: Secrets) -> Result<Checked, ConfigError> {
+    read_file(path)?.validate(secrets)
+}
+
+/// Read, parse and validate a config file; the secrets must be set.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    check_file(path, Secrets::Required).map(|c| c.config)
+}
+
+/// `url` with the password of its userinfo (or a lone user name, which may be a
+/// token) replaced by `***`, for messages.
+fn redact_userinfo(url: &str) -> Cow<'_, str> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| start + i);
+    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
+        return Cow::Borrowed(url);
+    };
+    let masked = match url[start..at].split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_string(),
+    };
+    Cow::Owned(format!("{}{masked}{}", &url[..start], &url[at..]))
+}
+
+/// Normalise a worker URL: scheme http/https, a host, no userinfo, no query;
+/// trailing slash dropped. Messages never show a password.
 pub fn normalize_worker_url(s: &str) -> Result<String, String> {
+    let shown = redact_userinfo(s);
+    if matches!(shown, Cow::Owned(_)) {
+        return Err(format!(
+            "`{shown}`: user credentials (`user:password@`) are not allowed in a worker URL (they would show in metrics, the dashboard and the upstream Host header); use upstream_api_key_env for a bearer token"
+        ));
+    }
     let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
@@ -614,31 +720,53 @@ pub fn normalize_worker_url(s: &str) -> Result<String, String> {
     Ok(s.trim_end_matches('/').to_string())
 }
 
+/// The address of a listener (`key`): `IP:port`, or `name:port` with a name
+/// that resolves (its first address is used).
+fn listen_addr(key: &str, value: &str, p: &mut Problems) -> Option<SocketAddr> {
+    if let Ok(a) = value.parse() {
+        return Some(a);
+    }
+    let why = match value.to_socket_addrs() {
+        Ok(mut addrs) => match addrs.next() {
+            Some(a) => return Some(a),
+            None => "the name has no address".to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    p.push(format!(
+        "{key}: `{value}` is not a listen address ({why}); expected host:port with an IP address or a resolvable name, e.g. 127.0.0.1:8080, 0.0.0.0:8080 (every interface) or localhost:8080"
+    ));
+    None
+}
+
 impl RawConfig {
-    /// Check every field, collecting all problems.
+    /// Check every field, collecting all problems; the secrets must be set.
     pub fn validate(self) -> Result<Config, ConfigError> {
-        let mut problems = Vec::new();
+        Parsed::from(self)
+            .validate(Secrets::Required)
+            .map(|c| c.config)
+    }
+
+    /// Check every field, adding to `problems` (which may hold problems from
+    /// reading, and says whether secrets are required).
+    fn validate_with(self, problems: &mut Problems) -> Result<Config, ConfigError> {
         let s = self.server;
-        let listen = match s
-            .listen
-            .as_deref()
-            .unwrap_or(DEFAULT_LISTEN)
-            .parse::<SocketAddr>()
-        {
-            Ok(a) => a,
-            Err(e) => {
-                problems.push(format!("server.listen: {e}"));
-                DEFAULT_LISTEN
-                    .parse()
-                    .expect("default listen address parses")
-            }
-        };
+        let listen = listen_addr(
+            "server.listen",
+            s.listen.as_deref().unwrap_or(DEFAULT_LISTEN),
+            problems,
+        )
+        .unwrap_or_else(|| {
+            DEFAULT_LISTEN
+                .parse()
+                .expect("default listen address parses")
+        });
         let max_body_bytes = s.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
         if max_body_bytes == 0 {
             problems.push("server.max_body_bytes: must be greater than 0".into());
         }
         let t = s.timeouts;
-        let p = &mut problems;
+        let p = &mut *problems;
         let timeouts = Timeouts {
             connect: ms(
                 p,
@@ -727,6 +855,8 @@ impl RawConfig {
         let mut pools = Vec::new();
         let mut pool_names = HashSet::new();
         let mut model_names: HashSet<String> = HashSet::new();
+        // Per pool, the index in the file of each accepted worker.
+        let mut worker_indices: Vec<Vec<usize>> = Vec::new();
         for (i, p) in self.pools.into_iter().enumerate() {
             let key = format!("pools[{i}]");
             let name = p.name.clone().unwrap_or_else(|| format!("pool-{i}"));
@@ -736,32 +866,37 @@ impl RawConfig {
             if !pool_names.insert(name.clone()) {
                 problems.push(format!("{key}.name: duplicate pool name `{name}`"));
             }
+            // `None`: rejected (checks that depend on the policy are skipped).
             let policy = match p.policy.as_deref() {
-                None => PolicyKind::RoundRobin,
-                Some(s) => PolicyKind::parse(s).unwrap_or_else(|| {
+                None if problems.reported(&format!("{key}.policy")) => None,
+                None => Some(PolicyKind::RoundRobin),
+                Some(s) => PolicyKind::parse(s).or_else(|| {
                     problems.push(format!(
                         "{key}.policy: unknown policy `{s}` (expected one of: {})",
                         PolicyKind::names()
                     ));
-                    PolicyKind::RoundRobin
+                    None
                 }),
             };
-            for (j, m) in p
-                .models
-                .iter()
-                .chain(p.aliases.iter())
-                .chain(p.lora_adapters.iter())
-                .enumerate()
-            {
-                if m.is_empty() {
-                    problems.push(format!("{key}.models[{j}]: empty model name"));
-                } else if !model_names.insert(m.clone()) {
-                    problems.push(format!(
-                        "{key}: model name `{m}` is served by more than one pool"
-                    ));
+            for (list, names) in [
+                ("models", &p.models),
+                ("aliases", &p.aliases),
+                ("lora_adapters", &p.lora_adapters),
+            ] {
+                for (j, m) in names.iter().enumerate() {
+                    if m.is_empty() {
+                        problems.push(format!("{key}.{list}[{j}]: empty model name"));
+                    } else if !model_names.insert(m.clone()) {
+                        problems.push(format!(
+                            "{key}.{list}[{j}]: model name `{m}` is served by more than one pool"
+                        ));
+                    }
                 }
             }
-            if !p.aliases.is_empty() && p.models.is_empty() {
+            if !p.aliases.is_empty()
+                && p.models.is_empty()
+                && !problems.reported(&format!("{key}.models"))
+            {
                 problems.push(format!(
                     "{key}.aliases: aliases need at least one entry in {key}.models"
                 ));
@@ -770,24 +905,20 @@ impl RawConfig {
             if max_attempts == 0 {
                 problems.push(format!("{key}.max_attempts: must be at least 1"));
             }
-            let upstream_api_key = match &p.upstream_api_key_env {
-                None => None,
-                Some(var) => match std::env::var(var) {
-                    Ok(v) if !v.is_empty() => Some(v),
-                    _ => {
-                        problems.push(format!(
-                            "{key}.upstream_api_key_env: environment variable `{var}` is not set"
-                        ));
-                        None
-                    }
-                },
-            };
+            let upstream_api_key = p
+                .upstream_api_key_env
+                .as_deref()
+                .and_then(|var| problems.secret(&format!("{key}.upstream_api_key_env"), var));
             let routing = p
                 .routing
-                .validate(&format!("{key}.routing"), policy, &mut problems);
+                .validate(&format!("{key}.routing"), policy, problems);
             let mut workers = Vec::new();
             let mut seen = HashSet::new();
+            let mut indices = Vec::new();
             for (j, w) in p.workers.into_iter().enumerate() {
+                if p.disaggregation.is_some() {
+                    check_role(&format!("{key}.workers[{j}].labels"), &w.labels, problems);
+                }
                 match normalize_worker_url(&w.url) {
                     Ok(url) => {
                         if !seen.insert(url.clone()) {
@@ -805,11 +936,16 @@ impl RawConfig {
                             labels: w.labels,
                             price_per_mtok: price,
                         });
+                        indices.push(j);
                     }
                     Err(e) => problems.push(format!("{key}.workers[{j}].url: {e}")),
                 }
             }
+            worker_indices.push(indices);
             let dns = p.dns.map(|d| {
+                if p.disaggregation.is_some() {
+                    check_role(&format!("{key}.dns.labels"), &d.labels, problems);
+                }
                 if d.name.is_empty() {
                     problems.push(format!("{key}.dns.name: must not be empty"));
                 }
@@ -820,7 +956,7 @@ impl RawConfig {
                     name: d.name,
                     port: d.port,
                     interval: ms(
-                        &mut problems,
+                        problems,
                         &format!("{key}.dns.interval_ms"),
                         d.interval_ms,
                         DEFAULT_DNS_INTERVAL_MS,
@@ -830,8 +966,13 @@ impl RawConfig {
             });
             let kubernetes = p
                 .kubernetes
-                .map(|k| validate_kubernetes(k, &format!("{key}.kubernetes"), &mut problems));
-            if workers.is_empty() && dns.is_none() && kubernetes.is_none() {
+                .map(|k| validate_kubernetes(k, &format!("{key}.kubernetes"), problems));
+            // Not when a worker was rejected: that problem is reported already.
+            if workers.is_empty()
+                && dns.is_none()
+                && kubernetes.is_none()
+                && !problems.reported(&format!("{key}.workers"))
+            {
                 problems.push(format!(
                     "{key}.workers: a pool needs at least one worker (or a dns or kubernetes section)"
                 ));
@@ -842,7 +983,7 @@ impl RawConfig {
                     "sglang" => DisaggMode::Sglang,
                     other => {
                         problems.push(format!(
-                            "{key}.disaggregation.mode: unknown mode `{other}` (expected vllm or sglang)"
+                            "{key}.disaggregation.mode: unknown mode `{other}` (expected one of: vllm, sglang)"
                         ));
                         DisaggMode::Vllm
                     }
@@ -860,7 +1001,7 @@ impl RawConfig {
                 ));
             }
             let queue_timeout = ms(
-                &mut problems,
+                problems,
                 &format!("{key}.queue_timeout_ms"),
                 p.queue_timeout_ms,
                 DEFAULT_QUEUE_TIMEOUT_MS,
@@ -869,10 +1010,10 @@ impl RawConfig {
                 name,
                 models: p.models,
                 aliases: p.aliases,
-                policy,
+                policy: policy.unwrap_or(PolicyKind::RoundRobin),
                 max_attempts: max_attempts.max(1),
                 pass_client_auth: p.pass_client_auth.unwrap_or(false),
-                forward_headers: forward_headers(&key, &p.forward_headers, &mut problems),
+                forward_headers: forward_headers(&key, &p.forward_headers, problems),
                 upstream_api_key,
                 workers,
                 routing,
@@ -913,7 +1054,8 @@ impl RawConfig {
                         "pools[{i}].fallback: a pool cannot fall back to itself"
                     ));
                 } else if !pools.iter().any(|q| &q.name == f) {
-                    problems.push(format!("pools[{i}].fallback: no pool named `{f}`"));
+                    let names: Vec<&str> = pools.iter().map(|q| q.name.as_str()).collect();
+                    problems.push(format!("pools[{i}].fallback: {}", no_pool(f, &names)));
                 }
             }
         }
@@ -928,13 +1070,13 @@ impl RawConfig {
                 pools: &pool_names,
                 models: &model_names,
             },
-            &mut problems,
+            problems,
         );
         if !global.regions.is_empty() {
             // Static region labels must name a declared region (a typo would
             // otherwise put a worker outside every residency zone).
             for (i, p) in pools.iter().enumerate() {
-                for (j, w) in p.workers.iter().enumerate() {
+                for (w, j) in p.workers.iter().zip(&worker_indices[i]) {
                     if let Some(r) = w.labels.get(global::REGION_LABEL) {
                         if global.region_id(r).is_none() {
                             problems.push(format!(
@@ -970,10 +1112,10 @@ impl RawConfig {
             },
             &pool_names,
             &global,
-            &mut problems,
+            problems,
         );
-        if !problems.is_empty() {
-            return Err(ConfigError { problems });
+        if let Some(e) = problems.error() {
+            return Err(e);
         }
         Ok(Config {
             server: ServerConfig {
@@ -1004,7 +1146,7 @@ impl RawConfig {
     }
 }
 
-fn validate_kubernetes(k: RawKubernetes, key: &str, p: &mut Vec<String>) -> KubernetesConfig {
+fn validate_kubernetes(k: RawKubernetes, key: &str, p: &mut Problems) -> KubernetesConfig {
     if k.namespace.is_empty() {
         p.push(format!("{key}.namespace: must not be empty"));
     }
@@ -1043,8 +1185,25 @@ fn validate_kubernetes(k: RawKubernetes, key: &str, p: &mut Vec<String>) -> Kube
     }
 }
 
+/// "no pool named `name` (pools: a, b)", for a reference to a pool.
+fn no_pool(name: &str, pools: &[&str]) -> String {
+    format!("no pool named `{name}` (pools: {})", pools.join(", "))
+}
+
+/// Values of the worker label `role` in a disaggregated pool.
+const ROLES: [&str; 3] = ["prefill", "decode", "both"];
+
+fn check_role(key: &str, labels: &BTreeMap<String, String>, p: &mut Problems) {
+    if let Some(r) = labels.get("role").filter(|r| !ROLES.contains(&r.as_str())) {
+        p.push(format!(
+            "{key}.role: unknown role `{r}` (expected one of: {})",
+            ROLES.join(", ")
+        ));
+    }
+}
+
 /// A positive millisecond duration, or a problem naming `key`.
-fn ms(problems: &mut Vec<String>, key: &str, v: Option<u64>, default: u64) -> Duration {
+fn ms(problems: &mut Problems, key: &str, v: Option<u64>, default: u64) -> Duration {
     let v = v.unwrap_or(default);
     if v == 0 {
         problems.push(format!("{key}: must be greater than 0"));
@@ -1052,12 +1211,12 @@ fn ms(problems: &mut Vec<String>, key: &str, v: Option<u64>, default: u64) -> Du
     Duration::from_millis(v.max(1))
 }
 
-fn validate_health(h: RawHealth, p: &mut Vec<String>) -> HealthConfig {
+fn validate_health(h: RawHealth, p: &mut Problems) -> HealthConfig {
     let interval = match h.interval_ms.unwrap_or(DEFAULT_HEALTH_INTERVAL_MS) {
         0 => None,
         v => Some(Duration::from_millis(v)),
     };
-    let at_least_one = |p: &mut Vec<String>, key: &str, v: Option<u32>, d: u32| {
+    let at_least_one = |p: &mut Problems, key: &str, v: Option<u32>, d: u32| {
         let v = v.unwrap_or(d);
         if v == 0 {
             p.push(format!("{key}: must be at least 1"));
@@ -1124,7 +1283,7 @@ fn validate_health(h: RawHealth, p: &mut Vec<String>) -> HealthConfig {
 }
 
 /// A pool's `forward_headers`: valid header names, lower-cased.
-fn forward_headers(key: &str, names: &[String], p: &mut Vec<String>) -> Vec<String> {
+fn forward_headers(key: &str, names: &[String], p: &mut Problems) -> Vec<String> {
     names
         .iter()
         .enumerate()
@@ -1159,37 +1318,22 @@ fn weak_token(t: &str) -> Option<&'static str> {
     None
 }
 
-fn validate_admin(a: RawAdmin, p: &mut Vec<String>) -> Option<AdminConfig> {
+fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<AdminConfig> {
     let listen = a.listen?;
-    let addr = match listen.parse::<SocketAddr>() {
-        Ok(a) => a,
-        Err(e) => {
-            p.push(format!("admin.listen: {e}"));
-            return None;
-        }
-    };
+    let addr = listen_addr("admin.listen", &listen, p);
     let Some(var) = a.token_env else {
         p.push("admin.token_env: required when admin.listen is set (the admin API is always authenticated)".into());
         return None;
     };
-    match std::env::var(&var) {
-        Ok(t) => match weak_token(&t) {
-            None => Some(AdminConfig {
-                listen: addr,
-                token: t,
-            }),
-            Some(why) => {
-                p.push(format!("admin.token_env: the token in `{var}` {why}"));
-                None
-            }
-        },
-        Err(_) => {
-            p.push(format!(
-                "admin.token_env: environment variable `{var}` is not set"
-            ));
-            None
-        }
+    let token = p.secret("admin.token_env", &var)?;
+    if let Some(why) = weak_token(&token) {
+        p.push(format!("admin.token_env: the token in `{var}` {why}"));
+        return None;
     }
+    Some(AdminConfig {
+        listen: addr?,
+        token,
+    })
 }
 
 #[cfg(test)]
@@ -1310,6 +1454,252 @@ mod tests {
         ] {
             assert!(all.contains(needle), "missing `{needle}` in:\n{all}");
         }
+    }
+
+    /// Read and validate like `check-config`: reading and validation problems together.
+    fn check_all(text: &str, secrets: Secrets) -> Result<Checked, ConfigError> {
+        read(text).validate(secrets)
+    }
+
+    const POOL: &str =
+        "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nworkers = [{ url = \"http://127.0.0.1:9000\" }]\n";
+
+    #[test]
+    fn type_errors_unknown_keys_and_bad_values_are_reported_together() {
+        let e = check_all(
+            r#"
+            [server]
+            max_connections = "many"
+            [health]
+            intervl_ms = 5
+            [[pools]]
+            models = ["m"]
+            policy = "fastest"
+            workers = [{ url = "http://h:1" }]
+            "#,
+            Secrets::Required,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.problems,
+            [
+                "health.intervl_ms: unknown key (did you mean `interval_ms`?), expected one of `interval_ms`, `timeout_ms`, `path`, `unhealthy_threshold`, `healthy_threshold`, `eject_after_failures`, `base_ejection_ms`, `max_ejection_ms`, `max_ejected_percent`, `overload_cooldown_ms`",
+                "server.max_connections: invalid type: string \"many\", expected a non-negative integer",
+                "pools[0].policy: unknown policy `fastest` (expected one of: round_robin, random, least_queue, prefix, cost, session, weighted)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_syntax_error_is_reported_alone() {
+        let e = check_all("[server\nlisten = 1\n", Secrets::Required).unwrap_err();
+        assert_eq!(e.problems.len(), 1, "{e}");
+        assert!(e.problems[0].contains("line 1"), "{e}");
+    }
+
+    #[test]
+    fn listen_addresses_take_resolvable_names() {
+        std::env::set_var("SWITCHYARD_TEST_ADMIN_TOKEN_LISTEN", "0123456789abcdef");
+        let c = check(&format!(
+            "[server]\nlisten = \"localhost:8080\"\n[admin]\nlisten = \"localhost:9090\"\ntoken_env = \"SWITCHYARD_TEST_ADMIN_TOKEN_LISTEN\"\n{POOL}"
+        ))
+        .unwrap();
+        assert!(c.server.listen.ip().is_loopback(), "{}", c.server.listen);
+        assert_eq!(c.server.listen.port(), 8080);
+        assert_eq!(c.admin.unwrap().listen.port(), 9090);
+        let c = check(&format!("[server]\nlisten = \"[::1]:8080\"\n{POOL}")).unwrap();
+        assert_eq!(c.server.listen, "[::1]:8080".parse().unwrap());
+    }
+
+    #[test]
+    fn a_bad_listen_address_shows_the_value_and_the_expected_form() {
+        std::env::set_var("SWITCHYARD_TEST_ADMIN_TOKEN_BAD", "0123456789abcdef");
+        let e = check(&format!(
+            "[server]\nlisten = \"no-such-host.invalid:8080\"\n[admin]\nlisten = \"localhost\"\ntoken_env = \"SWITCHYARD_TEST_ADMIN_TOKEN_BAD\"\n{POOL}"
+        ))
+        .unwrap_err();
+        assert_eq!(e.problems.len(), 2, "{e}");
+        for (key, value) in [
+            ("server.listen", "no-such-host.invalid:8080"),
+            ("admin.listen", "localhost"),
+        ] {
+            let p = e.problems.iter().find(|p| p.starts_with(key)).unwrap();
+            assert!(p.contains(&format!("`{value}`")), "{p}");
+            assert!(
+                p.contains("expected host:port") && p.contains("localhost:8080"),
+                "{p}"
+            );
+        }
+    }
+
+    #[test]
+    fn consequences_of_a_rejection_are_not_reported() {
+        let e = check_all(
+            r#"
+            [[pools]]
+            name = "a"
+            models = ["a"]
+            policy = "weigthed"
+            workers = [{ url = "ftp://h:1" }]
+            [pools.routing]
+            scorers = [{ name = "queue", weight = 1.0 }]
+            [[pools]]
+            name = "b"
+            models = ["b"]
+            workers = [{ urll = "http://h:2" }]
+            [[pools]]
+            name = "c"
+            models = 3
+            aliases = ["c-alias"]
+            workers = ["http://h:3"]
+            [[pools]]
+            name = "d"
+            models = ["d"]
+            workers = "http://h:4"
+            "#,
+            Secrets::Required,
+        )
+        .unwrap_err();
+        let starts: Vec<&str> = e
+            .problems
+            .iter()
+            .map(|p| p.split_once(": ").unwrap().0)
+            .collect();
+        assert_eq!(
+            starts,
+            [
+                "pools[1].workers[0].urll",
+                "pools[2].models",
+                "pools[2].workers[0]",
+                "pools[3].workers",
+                "pools[0].policy",
+                "pools[0].workers[0].url",
+            ],
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_mistyped_section_hides_nothing_else_and_adds_nothing() {
+        // `[pools]` where `[[pools]]` was meant: no "at least one pool", and
+        // references to pools are not reported again.
+        let e = check_all(
+            "[pools]\nname = \"p\"\n[scaling.pools.p]\nmax_replicas = 2\n[[splits]]\nmodel = \"s\"\ntargets = [{ pool = \"p\", weight = 1 }]\n[health]\ntimeout_ms = 0\n",
+            Secrets::Required,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.problems,
+            [
+                "pools: invalid type: map, expected an array",
+                "health.timeout_ms: must be greater than 0"
+            ]
+        );
+    }
+
+    #[test]
+    fn unset_secrets_are_notes_when_optional() {
+        let text = r#"
+            [admin]
+            listen = "127.0.0.1:9001"
+            token_env = "SWITCHYARD_TEST_UNSET_ADMIN_TOKEN"
+            [[tenants]]
+            name = "acme"
+            api_key_env = "SWITCHYARD_TEST_UNSET_TENANT_KEY"
+            [[pools]]
+            models = ["m"]
+            upstream_api_key_env = "SWITCHYARD_TEST_UNSET_UPSTREAM_KEY"
+            workers = [{ url = "http://h:1" }]
+            "#;
+        let vars = [
+            "SWITCHYARD_TEST_UNSET_ADMIN_TOKEN",
+            "SWITCHYARD_TEST_UNSET_TENANT_KEY",
+            "SWITCHYARD_TEST_UNSET_UPSTREAM_KEY",
+        ];
+        let e = check_all(text, Secrets::Required).unwrap_err();
+        let c = check_all(text, Secrets::Optional).unwrap();
+        for v in vars {
+            assert!(e.problems.iter().any(|p| p.contains(v)), "{v} in {e}");
+            assert!(
+                c.notes.iter().any(|n| n.contains(v)),
+                "{v} in {:?}",
+                c.notes
+            );
+        }
+        assert!(c.config.pools[0].upstream_api_key.is_none());
+        // Set values are still checked, and the rest of the file too.
+        std::env::set_var("SWITCHYARD_TEST_SHORT_ADMIN_TOKEN", "short");
+        let e = check_all(
+            &text
+                .replace("UNSET_ADMIN", "SHORT_ADMIN")
+                .replace("name = \"acme\"", "name = \"acme\"\nresidency = \"mars\""),
+            Secrets::Optional,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("admin.token_env: the token in `SWITCHYARD_TEST_SHORT_ADMIN_TOKEN` must be at least 16"), "{e}");
+        assert!(e.contains("tenants[0].residency: `mars`"), "{e}");
+    }
+
+    #[test]
+    fn worker_urls_with_credentials_are_rejected_without_the_password() {
+        for (url, shown) in [
+            (
+                "http://alice:s3cret-pw@10.0.0.5:8000/v1",
+                "http://alice:***@10.0.0.5:8000/v1",
+            ),
+            ("https://tok3n-s3cret@h:1", "https://***@h:1"),
+            ("alice:s3cret-pw@h:1", "alice:***@h:1"),
+        ] {
+            let e = normalize_worker_url(url).unwrap_err();
+            assert!(!e.contains("s3cret"), "{e}");
+            assert!(e.contains(shown) && e.contains("not allowed"), "{e}");
+        }
+        // A path may contain `@`.
+        assert!(normalize_worker_url("http://h:1/@x").is_ok());
+        let e = check(&format!(
+            "{POOL}[[pools]]\nmodels = [\"n\"]\nworkers = [{{ url = \"http://bob:hunter2@h:2\" }}]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("pools[1].workers[0].url: `http://bob:***@h:2`"),
+            "{e}"
+        );
+        assert!(
+            !e.contains("hunter2") && !e.contains("at least one worker"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn enum_like_values_list_the_valid_ones() {
+        let e = check(
+            r#"
+            [[pools]]
+            models = ["m"]
+            aliases = ["m"]
+            workers = [{ url = "http://h:1", labels = { role = "prefil" } }]
+            [pools.disaggregation]
+            mode = "nixl"
+            [[pools]]
+            models = ["n"]
+            fallback = ["nope"]
+            workers = [{ url = "http://h:2", labels = { role = "anything" } }]
+            "#,
+        )
+        .unwrap_err()
+        .to_string();
+        for needle in [
+            "pools[0].workers[0].labels.role: unknown role `prefil` (expected one of: prefill, decode, both)",
+            "pools[0].disaggregation.mode: unknown mode `nixl` (expected one of: vllm, sglang)",
+            "pools[0].aliases[0]: model name `m` is served by more than one pool",
+            "pools[1].fallback: no pool named `nope` (pools: pool-0, pool-1)",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+        // Without disaggregation the role label is free-form.
+        assert!(!e.contains("anything"), "{e}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! (serde) shapes, their validation and the typed results, kept apart from the
 //! core schema so the sections can evolve without touching pools and workers.
 
+use super::Problems;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -173,7 +174,7 @@ pub struct ObservabilityConfig {
 
 impl Default for ObservabilityConfig {
     fn default() -> Self {
-        let mut p = Vec::new();
+        let mut p = Problems::default();
         validate(
             ObservabilityRaw::default(),
             &[],
@@ -312,7 +313,7 @@ pub struct ObservabilityRaw {
     pub tenants: Vec<RawTenant>,
 }
 
-fn positive(p: &mut Vec<String>, key: &str, v: Option<usize>, d: usize) -> usize {
+fn positive(p: &mut Problems, key: &str, v: Option<usize>, d: usize) -> usize {
     let v = v.unwrap_or(d);
     if v == 0 {
         p.push(format!("{key}: must be greater than 0"));
@@ -320,7 +321,7 @@ fn positive(p: &mut Vec<String>, key: &str, v: Option<usize>, d: usize) -> usize
     v.max(1)
 }
 
-fn price_value(p: &mut Vec<String>, key: &str, v: Option<f64>) -> Option<f64> {
+fn price_value(p: &mut Problems, key: &str, v: Option<f64>) -> Option<f64> {
     let v = v?;
     if !(v.is_finite() && v >= 0.0) {
         p.push(format!("{key}: must be a finite number >= 0 (got {v})"));
@@ -331,11 +332,11 @@ fn price_value(p: &mut Vec<String>, key: &str, v: Option<f64>) -> Option<f64> {
 
 /// Validate the observability and tenancy sections; `pools` are the configured
 /// pool names (scaling overrides must name one); `global` resolves tenants' residency.
-pub fn validate(
+pub(crate) fn validate(
     raw: ObservabilityRaw,
     pools: &[&str],
     global: &super::global::GlobalConfig,
-    p: &mut Vec<String>,
+    p: &mut Problems,
 ) -> (ObservabilityConfig, TenancyConfig) {
     let t = raw.telemetry;
     let max_tenant_labels = positive(
@@ -383,6 +384,13 @@ pub fn validate(
     };
 
     let tr = raw.tracing;
+    let ratio = tr.sample_ratio.unwrap_or(1.0);
+    if !(0.0..=1.0).contains(&ratio) {
+        p.push(format!(
+            "tracing.sample_ratio: must be between 0.0 and 1.0, got {ratio}"
+        ));
+    }
+    let buffer = positive(p, "tracing.buffer", tr.buffer, DEFAULT_TRACE_BUFFER);
     let tracing = tr.otlp_endpoint.and_then(|ep| {
         let ep = ep.trim_end_matches('/').to_string();
         match ep.parse::<http::Uri>() {
@@ -400,12 +408,6 @@ pub fn validate(
                 return None;
             }
         }
-        let ratio = tr.sample_ratio.unwrap_or(1.0);
-        if !(0.0..=1.0).contains(&ratio) {
-            p.push(format!(
-                "tracing.sample_ratio: must be between 0.0 and 1.0, got {ratio}"
-            ));
-        }
         let traces_url = if ep.ends_with("/v1/traces") {
             ep
         } else {
@@ -418,7 +420,7 @@ pub fn validate(
                 .clone()
                 .unwrap_or_else(|| DEFAULT_SERVICE_NAME.into()),
             sample_ratio: ratio.clamp(0.0, 1.0),
-            buffer: positive(p, "tracing.buffer", tr.buffer, DEFAULT_TRACE_BUFFER),
+            buffer,
         })
     });
 
@@ -481,7 +483,7 @@ pub fn validate(
         }
         if let Some(pool) = &r.pool {
             if !pools.is_empty() && !pools.contains(&pool.as_str()) {
-                p.push(format!("{key}.pool: no pool named `{pool}`"));
+                p.push(format!("{key}.pool: {}", super::no_pool(pool, pools)));
             }
         }
         prices.push(PriceConfig {
@@ -496,50 +498,51 @@ pub fn validate(
     let mut scaling_pools = BTreeMap::new();
     for (name, t) in &raw.scaling.pools {
         let key = format!("scaling.pools.{name}");
-        if !pools.contains(&name.as_str()) {
-            p.push(format!("{key}: no pool named `{name}`"));
+        if !pools.contains(&name.as_str()) && !p.rejected_at("pools") {
+            p.push(format!("{key}: {}", super::no_pool(name, pools)));
         }
         scaling_pools.insert(name.clone(), scaling_targets(p, &key, t, Some(&defaults)));
     }
 
     let mut tenants: Vec<TenantConfig> = Vec::new();
+    // Every tenant's name, also of those whose key is not set.
+    let mut names: Vec<String> = Vec::new();
     for (i, t) in raw.tenants.into_iter().enumerate() {
         let key = format!("tenants[{i}]");
         if t.name.is_empty() {
             p.push(format!("{key}.name: must not be empty"));
         } else if t.name == ANONYMOUS_TENANT || t.name == crate::config::OTHER_LABEL {
             p.push(format!("{key}.name: `{}` is reserved", t.name));
-        } else if tenants.iter().any(|o| o.name == t.name) {
+        } else if names.contains(&t.name) {
             p.push(format!("{key}.name: duplicate tenant `{}`", t.name));
         }
-        match std::env::var(&t.api_key_env) {
-            Ok(k) if !k.is_empty() => {
-                if tenants.iter().any(|o| o.api_key == k) {
-                    p.push(format!(
-                        "{key}.api_key_env: the key in `{}` is already another tenant's",
-                        t.api_key_env
-                    ));
-                }
-                let residency = t.residency.as_deref().and_then(|r| {
-                    let res = global.residency(r);
-                    if res.is_none() {
-                        p.push(format!(
-                            "{key}.residency: `{r}` is neither a residency zone nor a declared region"
-                        ));
-                    }
-                    res
-                });
-                tenants.push(TenantConfig {
-                    name: t.name,
-                    api_key: k,
-                    residency,
-                });
+        names.push(t.name.clone());
+        // Regions or zones that were rejected while reading are missing here:
+        // a residency naming one is not reported again.
+        let zones_lost = p.rejected_at("regions") || p.rejected_at("residency");
+        let residency = t.residency.as_deref().and_then(|r| {
+            let res = global.residency(r);
+            if res.is_none() && !zones_lost {
+                p.push(format!(
+                    "{key}.residency: `{r}` is neither a residency zone nor a declared region"
+                ));
             }
-            _ => p.push(format!(
-                "{key}.api_key_env: environment variable `{}` is not set",
+            res
+        });
+        let Some(k) = p.secret(&format!("{key}.api_key_env"), &t.api_key_env) else {
+            continue;
+        };
+        if tenants.iter().any(|o| o.api_key == k) {
+            p.push(format!(
+                "{key}.api_key_env: the key in `{}` is already another tenant's",
                 t.api_key_env
-            )),
+            ));
         }
+        tenants.push(TenantConfig {
+            name: t.name,
+            api_key: k,
+            residency,
+        });
     }
 
     (
@@ -565,7 +568,7 @@ pub fn validate(
 }
 
 fn scaling_targets(
-    p: &mut Vec<String>,
+    p: &mut Problems,
     key: &str,
     r: &RawScalingTargets,
     base: Option<&ScalingTargets>,
