@@ -39,7 +39,9 @@ pub use faults::{Fault, Faults, FAULT_HEADER};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineKind {
+    /// vLLM's metric names (`vllm:*`).
     Vllm,
+    /// SGLang's metric names (`sglang:*`), plus `/get_load` and `/get_model_info`.
     Sglang,
 }
 
@@ -56,8 +58,11 @@ impl EngineKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// Prefill instance: computes the prompt's KV and returns one token.
     Prefill,
+    /// Decode instance: receives the prompt's KV from a prefill peer, then decodes.
     Decode,
+    /// No disaggregation: prefill and decode on this engine.
     Both,
 }
 
