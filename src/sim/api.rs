@@ -873,8 +873,11 @@ fn full_body(s: &Shared, g: &Gen, choices: &[Choice], totals: &Totals) -> Value 
             })
         }
         Kind::Responses => {
-            let output: Vec<Value> = returned
-                .map(|(_, (c, o))| responses::item(o, &c.text, "completed"))
+            let output: Vec<Value> = choices
+                .iter()
+                .zip(&g.outputs)
+                .take(g.n)
+                .map(|(c, o)| responses::item(o, &c.text, "completed"))
                 .collect();
             responses::object(
                 &g.echo,
