@@ -1012,3 +1012,623 @@ async fn cli_runs_n_workers_and_prints_ready_lines() {
     assert_eq!(models, vec!["a", "b", "a"]);
     child.kill().await.unwrap();
 }
+
+// ------------------------------------------------------------ Responses API
+
+/// Prompt tokens of a chat conversation, as the engine reports them.
+async fn chat_prompt_tokens(cl: &reqwest::Client, base: &str, messages: Value) -> u64 {
+    let (st, v) = post_json(
+        cl,
+        &format!("{base}/v1/chat/completions"),
+        &json!({"messages": messages, "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    v["usage"]["prompt_tokens"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn responses_non_streamed_shape_and_usage() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let url = format!("{}/v1/responses", h.url());
+    let question = text("responses", 60);
+    let body = json!({
+        "model": c.model, "instructions": "Answer briefly.", "max_output_tokens": 5,
+        "ignore_eos": true,
+        "input": [{"type": "message", "role": "user",
+                   "content": [{"type": "input_text", "text": question}]}],
+    });
+    let (st, r) = post_json(&cl, &url, &body).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["object"], "response");
+    assert!(r["id"].as_str().unwrap().starts_with("resp_"));
+    assert!(r["created_at"].as_u64().unwrap() > 0);
+    assert_eq!(r["status"], "completed");
+    assert_eq!(r["model"], c.model);
+    assert_eq!(r["instructions"], "Answer briefly.");
+    assert_eq!(r["max_output_tokens"], 5);
+    let out = r["output"].as_array().unwrap();
+    assert_eq!(out.len(), 1);
+    let msg = &out[0];
+    assert_eq!(msg["type"], "message");
+    assert!(msg["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(msg["status"], "completed");
+    assert_eq!(msg["role"], "assistant");
+    let part = &msg["content"][0];
+    assert_eq!(part["type"], "output_text");
+    assert_eq!(part["annotations"], json!([]));
+    let answer = part["text"].as_str().unwrap();
+    assert_eq!(switchyard::sim::tokenizer::count(answer), 5);
+
+    // The input is the same conversation as the equivalent chat request.
+    let p = chat_prompt_tokens(
+        &cl,
+        &h.url(),
+        json!([{"role": "system", "content": "Answer briefly."},
+               {"role": "user", "content": question}]),
+    )
+    .await;
+    let u = &r["usage"];
+    assert_eq!(
+        *u,
+        json!({"input_tokens": p, "input_tokens_details": {"cached_tokens": 0},
+               "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": p + 5})
+    );
+    // Asked again (input as a plain string this time), the prompt is cached.
+    let again = json!({"model": c.model, "instructions": "Answer briefly.", "input": question,
+                       "max_output_tokens": 2});
+    let (_, r2) = post_json(&cl, &url, &again).await;
+    assert_eq!(r2["usage"]["input_tokens"], p);
+    assert_eq!(
+        r2["usage"]["input_tokens_details"]["cached_tokens"],
+        (p - 1) / c.block_size as u64 * c.block_size as u64
+    );
+    let m = metrics(&cl, &h.url()).await;
+    assert_eq!(
+        metric(&m, "vllm:generation_tokens_total", ""),
+        Some(5.0 + 1.0 + 2.0)
+    );
+
+    // Errors keep OpenAI's shape.
+    for (bad, status) in [
+        (json!({"model": c.model}), 400),
+        (json!({"model": c.model, "input": []}), 400),
+        (
+            json!({"model": c.model, "input": "x", "max_output_tokens": 0}),
+            400,
+        ),
+        (
+            json!({"model": c.model, "input": [{"type": "web_search_call"}]}),
+            400,
+        ),
+        (
+            json!({"model": c.model, "input": "x", "previous_response_id": "resp_1"}),
+            404,
+        ),
+        (json!({"model": "nope", "input": "x"}), 404),
+    ] {
+        let (st, e) = post_json(&cl, &url, &bad).await;
+        assert_eq!(st, status, "{bad} -> {e}");
+        assert_eq!(e["error"]["code"], status, "{e}");
+    }
+}
+
+#[tokio::test]
+async fn responses_stream_events_in_order() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let body = json!({"model": c.model, "input": "Tell me a story", "max_output_tokens": 6,
+                      "ignore_eos": true, "stream": true});
+    let r = stream(&cl, &format!("{}/v1/responses", h.url()), body, None).await;
+    assert_eq!(r.status, 200);
+    assert!(!r.broken);
+    assert!(!r.done, "the Responses API sends no [DONE]");
+    let mut expected = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    expected.extend(["response.output_text.delta"; 6]);
+    expected.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]);
+    assert_eq!(r.names, expected);
+    for (i, (e, name)) in r.events.iter().zip(&r.names).enumerate() {
+        assert_eq!(e["type"], name.as_str(), "data type matches the event line");
+        assert_eq!(e["sequence_number"], i, "{e}");
+    }
+    let created = &r.events[0]["response"];
+    assert_eq!(created["status"], "in_progress");
+    assert_eq!(created["output"], json!([]));
+    let id = created["id"].as_str().unwrap();
+    assert!(id.starts_with("resp_"));
+    let added = &r.events[2]["item"];
+    assert_eq!(added["type"], "message");
+    assert_eq!(added["status"], "in_progress");
+    let item_id = added["id"].as_str().unwrap();
+    assert_eq!(r.events[3]["part"]["text"], "");
+    let deltas: String = r.events[4..10]
+        .iter()
+        .map(|e| {
+            assert_eq!(e["item_id"], item_id);
+            assert_eq!(
+                (e["output_index"].as_u64(), e["content_index"].as_u64()),
+                (Some(0), Some(0))
+            );
+            e["delta"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(r.events[10]["text"], deltas.as_str());
+    assert_eq!(r.events[11]["part"]["text"], deltas.as_str());
+    let done_item = &r.events[12]["item"];
+    assert_eq!(done_item["id"], item_id);
+    assert_eq!(done_item["status"], "completed");
+    let fin = &r.events[13]["response"];
+    assert_eq!(fin["id"], id);
+    assert_eq!(fin["status"], "completed");
+    assert_eq!(fin["output"][0]["content"][0]["text"], deltas.as_str());
+    let u = &fin["usage"];
+    assert_eq!(u["output_tokens"], 6);
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["input_tokens"].as_u64().unwrap() + 6)
+    );
+    assert_eq!(u["input_tokens_details"]["cached_tokens"], 0);
+}
+
+// ------------------------------------------------------------ n > 1
+
+#[tokio::test]
+async fn n_choices_are_generated_and_counted() {
+    let c = SimConfig {
+        step_base_ms: 10.0,
+        ..cfg()
+    };
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let url = format!("{}/v1/chat/completions", h.url());
+    let body = json!({"model": c.model, "messages": [{"role": "user", "content": "Name three rivers"}],
+                      "n": 3, "max_tokens": 4, "ignore_eos": true});
+    let (st, v) = post_json(&cl, &url, &body).await;
+    assert_eq!(st, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let mut texts = Vec::new();
+    for (i, ch) in choices.iter().enumerate() {
+        assert_eq!(ch["index"], i);
+        assert_eq!(ch["finish_reason"], "length");
+        let t = ch["message"]["content"].as_str().unwrap();
+        assert_eq!(switchyard::sim::tokenizer::count(t), 4);
+        texts.push(t.to_string());
+    }
+    texts.sort();
+    texts.dedup();
+    assert_eq!(texts.len(), 3, "each choice is sampled on its own");
+    let p = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    assert_eq!(v["usage"]["total_tokens"], p + 12);
+    let m = metrics(&cl, &h.url()).await;
+    assert_eq!(metric(&m, "vllm:generation_tokens_total", ""), Some(12.0));
+    assert_eq!(
+        metric(
+            &m,
+            "vllm:request_success_total",
+            "finished_reason=\"length\""
+        ),
+        Some(3.0)
+    );
+    // Choice 0 is what a lone request would have produced.
+    let mut one = body.clone();
+    one["n"] = json!(1);
+    let (_, v1) = post_json(&cl, &url, &one).await;
+    assert_eq!(
+        v1["choices"][0]["message"]["content"],
+        choices[0]["message"]["content"]
+    );
+
+    // The batch holds one sequence per choice while they run.
+    let long = json!({"model": c.model, "messages": [{"role": "user", "content": "A long one"}],
+                      "n": 3, "max_tokens": 150, "ignore_eos": true});
+    let task = tokio::spawn({
+        let (cl, url) = (cl.clone(), url.clone());
+        async move { post_json(&cl, &url, &long).await }
+    });
+    wait_metrics(&cl, &h.url(), "3 running sequences", |m| {
+        metric(m, "vllm:num_requests_running", "") == Some(3.0)
+    })
+    .await;
+    let (st, v) = task.await.unwrap();
+    assert_eq!(st, 200);
+    assert_eq!(v["usage"]["completion_tokens"], 450);
+
+    // Completions: best_of sequences generated, the first n returned, all billed.
+    let (st, v) = post_json(
+        &cl,
+        &format!("{}/v1/completions", h.url()),
+        &json!({"model": c.model, "prompt": "Once upon a time", "n": 2, "best_of": 3,
+                "max_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let idx: Vec<u64> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, vec![0, 1]);
+    assert_eq!(v["usage"]["completion_tokens"], 9);
+}
+
+#[tokio::test]
+async fn n_siblings_share_one_prompt_prefill() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let body = json!({"model": c.model, "prompt": text("siblings", 200), "n": 4,
+                      "max_tokens": 2, "ignore_eos": true});
+    let (st, v) = post_json(&cl, &format!("{}/v1/completions", h.url()), &body).await;
+    assert_eq!(st, 200, "{v}");
+    let p = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The usage reports the first sequence's hits: none on a cold cache.
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // The three siblings found the first one's prompt blocks.
+    let m = metrics(&cl, &h.url()).await;
+    let hit = (p - 1) / c.block_size as u64 * c.block_size as u64;
+    assert_eq!(
+        metric(&m, "vllm:prefix_cache_hits_total", ""),
+        Some((3 * hit) as f64)
+    );
+    assert_eq!(
+        metric(&m, "vllm:prefix_cache_queries_total", ""),
+        Some((4 * p) as f64)
+    );
+}
+
+#[tokio::test]
+async fn streamed_n_interleaves_choices_each_with_its_finish() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let mut body = chat_body(&c.model, "Two answers please", 5);
+    body["n"] = json!(2);
+    let r = stream(&cl, &format!("{}/v1/chat/completions", h.url()), body, None).await;
+    assert!(r.done && !r.broken);
+    for i in 0..2u64 {
+        let mine: Vec<&Value> = r
+            .events
+            .iter()
+            .filter_map(|e| e["choices"].get(0))
+            .filter(|ch| ch["index"] == i)
+            .collect();
+        assert_eq!(
+            mine[0]["delta"],
+            json!({"role": "assistant", "content": ""}),
+            "choice {i} starts with the role"
+        );
+        let tokens = mine[1..]
+            .iter()
+            .filter(|ch| {
+                ch["delta"]["content"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+            })
+            .count();
+        assert_eq!(tokens, 5, "choice {i}");
+        let finishes: Vec<&Value> = mine
+            .iter()
+            .map(|ch| &ch["finish_reason"])
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finishes, vec!["length"], "choice {i}");
+        assert_eq!(mine.last().unwrap()["finish_reason"], "length");
+    }
+    // The two choices advance together, step by step.
+    let order: Vec<u64> = r
+        .events
+        .iter()
+        .filter_map(|e| e["choices"].get(0)?["index"].as_u64())
+        .collect();
+    let first_1 = order.iter().position(|&i| i == 1).unwrap();
+    let last_0 = order.iter().rposition(|&i| i == 0).unwrap();
+    assert!(first_1 < last_0, "interleaved: {order:?}");
+    let u = r.usage().unwrap();
+    assert_eq!(u["completion_tokens"], 10);
+
+    // Completions stream the same way, without role chunks.
+    let body = json!({"model": c.model, "prompt": "Hello", "n": 2, "max_tokens": 3,
+                      "ignore_eos": true, "stream": true});
+    let r = stream(&cl, &format!("{}/v1/completions", h.url()), body, None).await;
+    assert!(r.done);
+    for i in 0..2u64 {
+        let mine: Vec<&Value> = r
+            .events
+            .iter()
+            .filter_map(|e| e["choices"].get(0))
+            .filter(|ch| ch["index"] == i)
+            .collect();
+        assert_eq!(mine.len(), 3);
+        assert_eq!(mine[2]["finish_reason"], "length");
+    }
+}
+
+#[tokio::test]
+async fn n_out_of_range_is_a_400() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let chat = format!("{}/v1/chat/completions", h.url());
+    let cmpl = format!("{}/v1/completions", h.url());
+    let msgs = json!([{"role": "user", "content": "x"}]);
+    for (url, body, param) in [
+        (&chat, json!({"messages": msgs, "n": 0}), "n"),
+        (&chat, json!({"messages": msgs, "n": -1}), "n"),
+        (&chat, json!({"messages": msgs, "n": 129}), "n"),
+        (
+            &cmpl,
+            json!({"prompt": "x", "n": 3, "best_of": 2}),
+            "best_of",
+        ),
+        (
+            &cmpl,
+            json!({"prompt": "x", "n": 1, "best_of": 200}),
+            "best_of",
+        ),
+        (
+            &cmpl,
+            json!({"prompt": "x", "n": 1, "best_of": 2, "stream": true}),
+            "best_of",
+        ),
+    ] {
+        let (st, e) = post_json(&cl, url, &body).await;
+        assert_eq!(st, 400, "{body}");
+        assert_eq!(e["error"]["type"], "BadRequestError");
+        assert_eq!(e["error"]["code"], 400);
+        assert_eq!(e["error"]["param"], param, "{e}");
+        assert!(e["error"]["message"].is_string());
+    }
+    // Not with prefill/decode disaggregation.
+    let (st, _) = post_json(
+        &cl,
+        &chat,
+        &json!({"messages": msgs, "n": 2, "kv_transfer_params": {"do_remote_decode": true}}),
+    )
+    .await;
+    assert_eq!(st, 400);
+    assert_eq!(
+        metric(
+            &metrics(&cl, &h.url()).await,
+            "vllm:generation_tokens_total",
+            ""
+        ),
+        Some(0.0)
+    );
+}
+
+// ------------------------------------------------------------ tool calls
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "verbose": {"type": "boolean"}},
+            "required": ["city", "days", "unit"]}}},
+        {"type": "function", "function": {"name": "get_time",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                           "required": ["zone"]}}}
+    ])
+}
+
+/// The JSON object in `arguments`, checked to hold exactly `keys`.
+fn check_arguments(arguments: &str, keys: &[&str]) -> Value {
+    let args: Value = serde_json::from_str(arguments).expect("arguments are JSON");
+    let mut got: Vec<&str> = args
+        .as_object()
+        .expect("an object")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    got.sort();
+    assert_eq!(got, keys, "{arguments}");
+    args
+}
+
+#[tokio::test]
+async fn tool_choice_required_answers_with_a_tool_call() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let url = format!("{}/v1/chat/completions", h.url());
+    let question = json!({"role": "user", "content": "What is the weather in Paris?"});
+    let body = json!({"model": c.model, "messages": [question], "tools": weather_tools(),
+                      "tool_choice": "required"});
+    let (st, v) = post_json(&cl, &url, &body).await;
+    assert_eq!(st, 200, "{v}");
+    let ch = &v["choices"][0];
+    assert_eq!(ch["finish_reason"], "tool_calls");
+    assert_eq!(ch["message"]["content"], Value::Null);
+    let call = &ch["message"]["tool_calls"][0];
+    assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let arguments = call["function"]["arguments"].as_str().unwrap();
+    let args = check_arguments(arguments, &["city", "days", "unit"]);
+    assert!(args["city"].is_string() && args["days"].as_i64() >= Some(1));
+    assert_eq!(args["unit"], "celsius");
+    // The arguments are what the engine generated, token by token.
+    let a = switchyard::sim::tokenizer::count(arguments) as u64;
+    assert_eq!(v["usage"]["completion_tokens"], a);
+    // Deterministic: asked again, the same call.
+    let (_, v2) = post_json(&cl, &url, &body).await;
+    assert_eq!(
+        v2["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        arguments
+    );
+
+    // The next turn carries the call and its result: the call's tokens are
+    // in the prefix cache.
+    let p1 = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let turn2 = json!({"model": c.model, "tools": weather_tools(), "max_tokens": 3, "messages": [
+        question,
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "{\"temp\": 21}"},
+    ]});
+    let (st, v3) = post_json(&cl, &url, &turn2).await;
+    assert_eq!(st, 200, "{v3}");
+    assert!(
+        v3["choices"][0]["message"]["content"].is_string(),
+        "no tool_choice: text"
+    );
+    let bs = c.block_size as u64;
+    assert_eq!(
+        v3["usage"]["prompt_tokens_details"]["cached_tokens"],
+        (p1 + a - 1) / bs * bs,
+        "prompt and generated arguments (all but the last token) cached"
+    );
+
+    // A named function is called even when another one comes first.
+    let named = json!({"model": c.model, "messages": [question], "tools": weather_tools(),
+                       "tool_choice": {"type": "function", "function": {"name": "get_time"}}});
+    let (_, v) = post_json(&cl, &url, &named).await;
+    let call = &v["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_time");
+    check_arguments(call["function"]["arguments"].as_str().unwrap(), &["zone"]);
+
+    // "auto" (or no tool_choice) answers with text, as before.
+    for choice in [json!("auto"), Value::Null] {
+        let body = json!({"model": c.model, "messages": [question], "tools": weather_tools(),
+                          "tool_choice": choice, "max_tokens": 3});
+        let (_, v) = post_json(&cl, &url, &body).await;
+        assert_eq!(v["choices"][0]["message"]["tool_calls"], json!([]));
+        assert!(v["choices"][0]["message"]["content"].is_string());
+    }
+    // A forced choice that cannot be honoured is a 400.
+    for body in [
+        json!({"messages": [question], "tool_choice": "required"}),
+        json!({"messages": [question], "tools": weather_tools(),
+               "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+        json!({"messages": [question], "tools": weather_tools(), "tool_choice": "always"}),
+    ] {
+        let (st, e) = post_json(&cl, &url, &body).await;
+        assert_eq!(st, 400, "{body} -> {e}");
+        assert_eq!(e["error"]["type"], "BadRequestError");
+    }
+}
+
+#[tokio::test]
+async fn streamed_tool_call_sends_fragments_then_tool_calls() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let body = json!({"model": c.model, "stream": true, "stream_options": {"include_usage": true},
+                      "messages": [{"role": "user", "content": "Weather?"}],
+                      "tools": weather_tools(), "tool_choice": "required"});
+    let r = stream(&cl, &format!("{}/v1/chat/completions", h.url()), body, None).await;
+    assert!(r.done && !r.broken);
+    let choices: Vec<&Value> = r
+        .events
+        .iter()
+        .filter_map(|e| e["choices"].get(0))
+        .collect();
+    assert_eq!(
+        choices[0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    let head = &choices[1]["delta"]["tool_calls"][0];
+    assert_eq!(head["index"], 0);
+    assert!(head["id"].as_str().unwrap().starts_with("call_"));
+    assert_eq!(head["type"], "function");
+    assert_eq!(
+        head["function"],
+        json!({"name": "get_weather", "arguments": ""})
+    );
+    let fragments = &choices[2..];
+    let mut arguments = String::new();
+    for (k, ch) in fragments.iter().enumerate() {
+        let tc = &ch["delta"]["tool_calls"][0];
+        assert_eq!(tc["index"], 0);
+        assert!(
+            tc.get("id").is_none(),
+            "only the first chunk names the call"
+        );
+        arguments.push_str(tc["function"]["arguments"].as_str().unwrap());
+        let fin = &ch["finish_reason"];
+        if k + 1 == fragments.len() {
+            assert_eq!(fin, "tool_calls");
+        } else {
+            assert!(fin.is_null());
+        }
+    }
+    check_arguments(&arguments, &["city", "days", "unit"]);
+    assert_eq!(
+        r.usage().unwrap()["completion_tokens"],
+        fragments.len(),
+        "one fragment per generated token"
+    );
+}
+
+#[tokio::test]
+async fn responses_api_forced_function_call() {
+    let c = cfg();
+    let h = sim(c.clone()).await;
+    let cl = client();
+    let url = format!("{}/v1/responses", h.url());
+    let tools = json!([{"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]);
+    let body = json!({"model": c.model, "input": "Weather in Paris?", "tools": tools,
+                      "tool_choice": "required"});
+    let (st, v) = post_json(&cl, &url, &body).await;
+    assert_eq!(st, 200, "{v}");
+    let item = &v["output"][0];
+    assert_eq!(item["type"], "function_call");
+    assert_eq!(item["name"], "get_weather");
+    assert_eq!(item["status"], "completed");
+    assert!(item["call_id"].as_str().unwrap().starts_with("call_"));
+    let arguments = item["arguments"].as_str().unwrap();
+    check_arguments(arguments, &["city"]);
+    assert_eq!(v["tool_choice"], "required");
+    assert_eq!(
+        v["usage"]["output_tokens"],
+        switchyard::sim::tokenizer::count(arguments)
+    );
+
+    let mut body = body;
+    body["stream"] = json!(true);
+    body["tool_choice"] = json!({"type": "function", "name": "get_weather"});
+    let r = stream(&cl, &url, body, None).await;
+    let n = r.names.len();
+    assert_eq!(r.names[2], "response.output_item.added");
+    assert_eq!(r.events[2]["item"]["type"], "function_call");
+    assert!(r.names[3..n - 3]
+        .iter()
+        .all(|t| t == "response.function_call_arguments.delta"));
+    assert_eq!(
+        r.names[n - 3..],
+        [
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    let streamed: String = r.events[3..n - 3]
+        .iter()
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, arguments);
+    assert_eq!(r.events[n - 3]["arguments"], arguments);
+    assert_eq!(
+        r.events[n - 1]["response"]["output"][0]["arguments"],
+        arguments
+    );
+}

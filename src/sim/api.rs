@@ -1,5 +1,6 @@
 //! HTTP surface of one simulated engine, in the shapes of vLLM's OpenAI
-//! server: chat/completions (stream and not), embeddings, models, health,
+//! server: chat/completions (stream and not, `n` choices, forced tool calls),
+//! the Responses API (see `responses`), embeddings, models, health,
 //! version, metrics; SGLang's `/get_load`; the `/sim/*` admin routes; P/D
 //! parameters of vLLM's NIXL connector and SGLang's bootstrap protocol.
 
@@ -17,14 +18,14 @@ use axum::{Extension, Router};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::engine::{vocab, Event, Finish, Remote, Submit};
 use super::faults::{Fault, Faults, FAULT_HEADER};
-use super::{metrics, tokenizer, ConnCtl, EngineKind, Role, Shared};
+use super::{metrics, responses, tokenizer, tools, ConnCtl, EngineKind, Role, Shared};
 
 type S = State<Arc<Shared>>;
 
@@ -32,6 +33,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(responses))
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
@@ -49,7 +51,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 // ---------------------------------------------------------------- errors
 
 /// An OpenAI-shaped error, as vLLM sends it.
-pub(crate) struct ApiError {
+pub(super) struct ApiError {
     status: StatusCode,
     message: String,
     param: Option<&'static str>,
@@ -77,7 +79,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn api_error(
+pub(super) fn api_error(
     status: StatusCode,
     message: impl Into<String>,
     param: Option<&'static str>,
@@ -97,7 +99,7 @@ pub(crate) fn error(
     api_error(status, message, param).into_response()
 }
 
-fn bad(message: impl Into<String>) -> ApiError {
+pub(super) fn bad(message: impl Into<String>) -> ApiError {
     api_error(StatusCode::BAD_REQUEST, message, None)
 }
 
@@ -246,13 +248,16 @@ async fn arrive(s: &Shared, headers: &HeaderMap, ctl: &ConnCtl) -> Result<Option
 
 // ---------------------------------------------------------------- requests
 
+/// Largest `n` (and `best_of`) accepted; more is surely a mistake.
+const MAX_CHOICES: i64 = 128;
+
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct StreamOptions {
     include_usage: bool,
 }
 
-/// Fields common to chat and completions requests that the sim uses.
+/// Fields of the generation requests that the sim uses.
 #[derive(Deserialize, Default)]
 #[serde(default)]
 struct Common {
@@ -261,8 +266,12 @@ struct Common {
     stream_options: Option<StreamOptions>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
+    /// Responses API.
+    max_output_tokens: Option<i64>,
     ignore_eos: bool,
     n: Option<i64>,
+    /// Completions only.
+    best_of: Option<i64>,
     cache_salt: Option<String>,
     kv_transfer_params: Option<Value>,
     bootstrap_host: Option<Value>,
@@ -271,9 +280,45 @@ struct Common {
 }
 
 #[derive(Clone, Copy, PartialEq)]
-enum Kind {
+pub(super) enum Kind {
     Chat,
     Completion,
+    Responses,
+}
+
+/// A forced tool call, tokenized: the engine emits `ids`, one per step, and
+/// the client sees the matching `pieces` of the arguments' JSON text.
+pub(super) struct Script {
+    pub name: String,
+    pieces: Vec<String>,
+    ids: Arc<[u32]>,
+}
+
+/// What one choice produces.
+pub(super) enum Output {
+    /// Sampled pseudo-English.
+    Text,
+    /// A call of `call.name`; `call_id` is the choice's own.
+    Tool { call_id: String, call: Arc<Script> },
+}
+
+impl Output {
+    /// Text of the `k`-th token of this choice (`tok` from [`Event::Token`]).
+    pub(super) fn piece(&self, tok: Option<u16>, k: usize) -> &str {
+        match (tok, self) {
+            (Some(t), _) => &vocab().text[t as usize],
+            (None, Output::Tool { call, .. }) => call.pieces.get(k).map_or("", String::as_str),
+            (None, Output::Text) => "",
+        }
+    }
+
+    /// OpenAI `finish_reason`: a completed tool call is `tool_calls`.
+    pub(super) fn finish_reason(&self, f: Finish) -> &'static str {
+        match (self, f) {
+            (Output::Tool { .. }, Finish::Stop) => "tool_calls",
+            _ => f.as_str(),
+        }
+    }
 }
 
 /// A validated generation request.
@@ -282,10 +327,16 @@ struct Gen {
     model: String,
     stream: bool,
     include_usage: bool,
-    submit: Option<Submit>,
+    /// Choices returned: the first `n` of `outputs`.
+    n: usize,
+    /// One per generated sequence (`best_of` may generate more than `n`).
+    outputs: Vec<Output>,
+    submits: Vec<Submit>,
     events: mpsc::UnboundedReceiver<Event>,
     /// Prefill side of vLLM's NIXL P/D: answer with `kv_transfer_params`.
     nixl_prefill: bool,
+    /// Responses API: request fields the response object repeats.
+    echo: Map<String, Value>,
 }
 
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
@@ -313,42 +364,72 @@ fn truthy(v: Option<&Value>) -> bool {
     v.and_then(Value::as_bool).unwrap_or(false)
 }
 
-fn chat_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
+/// Text of a message `content`: a string, or a list of parts whose `text`
+/// fields are concatenated (other parts, e.g. images, cost nothing).
+pub(super) fn content_text(content: Option<&Value>, what: &str) -> Result<String, ApiError> {
+    match content {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => Ok(parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect()),
+        Some(_) => Err(bad(format!("{what}: must be a string or a list"))),
+    }
+}
+
+/// (role, text) of each chat message. An assistant message's tool calls are
+/// rendered as their arguments, the tokens the engine generated for them.
+fn chat_messages(v: &Value) -> Result<Vec<(String, String)>, ApiError> {
     let Some(msgs) = v.get("messages").and_then(Value::as_array) else {
         return Err(bad("messages: field required (a list)"));
     };
     if msgs.is_empty() {
         return Err(bad("messages: must not be empty"));
     }
-    let mut owned: Vec<(String, String)> = Vec::with_capacity(msgs.len());
+    let mut out = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.iter().enumerate() {
         let role = m
             .get("role")
             .and_then(Value::as_str)
             .ok_or_else(|| bad(format!("messages[{i}].role: field required")))?;
-        let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut t = String::new();
-                for p in parts {
-                    if let Some(s) = p.get("text").and_then(Value::as_str) {
-                        t.push_str(s);
-                    }
-                }
-                t
+        let mut content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
+        for call in m
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(a) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                content.push_str(a);
             }
-            Some(_) => {
-                return Err(bad(format!(
-                    "messages[{i}].content: must be a string or a list"
-                )))
-            }
-        };
-        owned.push((role.to_string(), content));
+        }
+        out.push((role.to_string(), content));
     }
-    Ok(tokenizer::encode_chat(
-        owned.iter().map(|(r, c)| (r.as_str(), c.as_str())),
-    ))
+    Ok(out)
+}
+
+/// Token ids of a conversation; function tools, when given, are rendered
+/// first as a system turn holding their JSON, as chat templates do.
+pub(super) fn encode_messages(msgs: &[(String, String)], tools: Option<&Value>) -> Vec<u32> {
+    let tools = tools
+        .filter(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+        .map(Value::to_string);
+    tokenizer::encode_chat(
+        tools
+            .iter()
+            .map(|t| ("system", t.as_str()))
+            .chain(msgs.iter().map(|(r, c)| (r.as_str(), c.as_str()))),
+    )
+}
+
+/// The last user message, which picks the tool under `tool_choice: "required"`.
+fn last_user(msgs: &[(String, String)]) -> String {
+    msgs.iter()
+        .rev()
+        .find(|(r, _)| r == "user")
+        .map(|(_, c)| c.clone())
+        .unwrap_or_default()
 }
 
 fn prompt_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
@@ -376,22 +457,71 @@ fn prompt_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
     }
 }
 
+/// `n` (and `best_of` for completions): sequences returned and generated.
+fn choices(kind: Kind, c: &Common) -> Result<(usize, usize), ApiError> {
+    let n = match kind {
+        Kind::Responses => 1,
+        _ => c.n.unwrap_or(1),
+    };
+    let best_of = match kind {
+        Kind::Completion => c.best_of.unwrap_or(n),
+        _ => n,
+    };
+    let param = |m: String, p| Err(api_error(StatusCode::BAD_REQUEST, m, Some(p)));
+    if n < 1 {
+        return param(format!("n must be at least 1, got {n}."), "n");
+    }
+    if n > MAX_CHOICES {
+        return param(format!("n must be at most {MAX_CHOICES}, got {n}."), "n");
+    }
+    if best_of < n {
+        return param(
+            format!("best_of must be greater than or equal to n, got n={n} and best_of={best_of}."),
+            "best_of",
+        );
+    }
+    if best_of > MAX_CHOICES {
+        return param(
+            format!("best_of must be at most {MAX_CHOICES}, got {best_of}."),
+            "best_of",
+        );
+    }
+    if c.stream && best_of > n {
+        return param(
+            "best_of > n is not supported with stream.".into(),
+            "best_of",
+        );
+    }
+    Ok((n as usize, best_of as usize))
+}
+
 impl Gen {
     fn build(s: &Shared, kind: Kind, body: &Bytes) -> Result<Gen, ApiError> {
         let v = parse_json(body)?;
         let c: Common =
             serde_json::from_value(v.clone()).map_err(|e| bad(format!("invalid request: {e}")))?;
-        let model = check_model(s, c.model)?;
-        let tokens = match kind {
-            Kind::Chat => chat_tokens(&v)?,
-            Kind::Completion => prompt_tokens(&v)?,
+        let model = check_model(s, c.model.clone())?;
+        let mut echo = Map::new();
+        let (tokens, hint) = match kind {
+            Kind::Chat => {
+                let m = chat_messages(&v)?;
+                (encode_messages(&m, v.get("tools")), last_user(&m))
+            }
+            Kind::Completion => (prompt_tokens(&v)?, String::new()),
+            Kind::Responses => {
+                let m = responses::messages(&v)?;
+                echo = responses::echo(&v);
+                (encode_messages(&m, v.get("tools")), last_user(&m))
+            }
         };
         if tokens.is_empty() {
             return Err(bad("prompt: must not be empty"));
         }
-        if c.n.is_some_and(|n| n != 1) {
-            return Err(bad("n: the simulator supports n=1 only"));
-        }
+        let call = match kind {
+            Kind::Completion => None,
+            _ => tools::forced(v.get("tools"), v.get("tool_choice"), &hint).map_err(bad)?,
+        };
+        let (n, best_of) = choices(kind, &c)?;
         let max_len = s.cfg.max_model_len;
         let p = tokens.len();
         if p >= max_len {
@@ -400,12 +530,13 @@ impl Gen {
                  {p} tokens in the messages, Please reduce the length of the messages."
             )));
         }
-        let requested = c.max_completion_tokens.or(c.max_tokens);
+        let (requested, field) = match kind {
+            Kind::Responses => (c.max_output_tokens, "max_output_tokens"),
+            _ => (c.max_completion_tokens.or(c.max_tokens), "max_tokens"),
+        };
         let mut max_tokens = match requested {
             None => max_len - p,
-            Some(m) if m < 1 => {
-                return Err(bad(format!("max_tokens must be at least 1, got {m}.")))
-            }
+            Some(m) if m < 1 => return Err(bad(format!("{field} must be at least 1, got {m}."))),
             Some(m) => {
                 let m = usize::try_from(m).unwrap_or(usize::MAX);
                 if p.saturating_add(m) > max_len {
@@ -424,12 +555,14 @@ impl Gen {
         let role = s.cfg.role;
         let mut remote = None;
         let mut nixl_prefill = false;
+        let mut disaggregated = false;
         if let Some(kv) = c.kv_transfer_params.as_ref().filter(|v| v.is_object()) {
             if truthy(kv.get("do_remote_decode")) {
                 if role == Role::Decode {
                     return Err(bad("kv_transfer_params: this engine is a decode instance"));
                 }
                 nixl_prefill = true;
+                disaggregated = true;
                 max_tokens = 1;
             } else if truthy(kv.get("do_remote_prefill")) {
                 if role == Role::Prefill {
@@ -438,6 +571,7 @@ impl Gen {
                 if !kv.get("remote_block_ids").is_some_and(Value::is_array) {
                     return Err(bad("kv_transfer_params: remote_block_ids required"));
                 }
+                disaggregated = true;
                 remote = Some(Remote { extra_ms: 0.0 });
             }
         } else if c.bootstrap_room.is_some() {
@@ -446,6 +580,7 @@ impl Gen {
                     "bootstrap_host and bootstrap_port are required with bootstrap_room",
                 ));
             }
+            disaggregated = role != Role::Both;
             match role {
                 Role::Prefill => max_tokens = 1,
                 Role::Decode => {
@@ -459,26 +594,62 @@ impl Gen {
                 Role::Both => {}
             }
         }
+        if disaggregated && best_of > 1 {
+            return Err(bad(
+                "n > 1 is not supported by the simulator with prefill/decode disaggregation",
+            ));
+        }
 
+        let script = call.map(|call| {
+            let pieces: Vec<String> = tokenizer::pieces(&call.arguments)
+                .into_iter()
+                .map(String::from)
+                .collect();
+            let ids = pieces.iter().map(|t| tokenizer::token_id(t)).collect();
+            Arc::new(Script {
+                name: call.name,
+                pieces,
+                ids,
+            })
+        });
         let (tx, events) = mpsc::unbounded_channel();
+        let arrived = Instant::now();
+        let mut outputs = Vec::with_capacity(best_of);
+        let mut submits = Vec::with_capacity(best_of);
+        for i in 0..best_of {
+            outputs.push(match &script {
+                Some(call) => Output::Tool {
+                    call_id: format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24]),
+                    call: call.clone(),
+                },
+                None => Output::Text,
+            });
+            submits.push(Submit {
+                tokens: tokens.clone(),
+                max_tokens,
+                ignore_eos: c.ignore_eos,
+                index: i as u32,
+                script: script.as_ref().map(|s| s.ids.clone()),
+                parallel: best_of > 1,
+                salt: c.cache_salt.clone(),
+                remote,
+                want_blocks: nixl_prefill,
+                arrived,
+                events: tx.clone(),
+            });
+        }
         let include_usage = c.stream_options.is_some_and(|o| o.include_usage);
         Ok(Gen {
             kind,
             model,
             stream: c.stream,
             include_usage,
-            submit: Some(Submit {
-                tokens,
-                max_tokens,
-                ignore_eos: c.ignore_eos,
-                salt: c.cache_salt,
-                remote,
-                want_blocks: nixl_prefill,
-                arrived: Instant::now(),
-                events: tx,
-            }),
+            n,
+            outputs,
+            submits,
             events,
             nixl_prefill,
+            echo,
         })
     }
 }
@@ -501,7 +672,16 @@ async fn completions(
     generate(s, ctl, headers, body, Kind::Completion).await
 }
 
-fn now_secs() -> u64 {
+async fn responses(
+    State(s): S,
+    Extension(ctl): Extension<ConnCtl>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(s, ctl, headers, body, Kind::Responses).await
+}
+
+pub(super) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -512,13 +692,48 @@ fn request_id(kind: Kind) -> String {
     let prefix = match kind {
         Kind::Chat => "chatcmpl-",
         Kind::Completion => "cmpl-",
+        Kind::Responses => "resp_",
     };
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
 }
 
-fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
-    json!({"prompt_tokens": prompt, "total_tokens": prompt + completion,
-           "completion_tokens": completion, "prompt_tokens_details": {"cached_tokens": cached}})
+fn usage(t: &Totals) -> Value {
+    json!({"prompt_tokens": t.prompt, "total_tokens": t.prompt + t.completion,
+           "completion_tokens": t.completion, "prompt_tokens_details": {"cached_tokens": t.cached}})
+}
+
+/// What the sequences of one request add up to. The prompt is counted once;
+/// completion tokens over every sequence generated; cached tokens and KV
+/// blocks are the first sequence's (the others share its prompt).
+#[derive(Default)]
+pub(super) struct Totals {
+    pub prompt: usize,
+    pub completion: usize,
+    pub cached: usize,
+    blocks: Vec<u32>,
+    done: usize,
+}
+
+impl Totals {
+    fn add(&mut self, e: Event) {
+        if let Event::Done {
+            index,
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens,
+            blocks,
+            ..
+        } = e
+        {
+            self.prompt = prompt_tokens;
+            self.completion += completion_tokens;
+            if index == 0 {
+                self.cached = cached_tokens;
+                self.blocks = blocks;
+            }
+            self.done += 1;
+        }
+    }
 }
 
 async fn generate(
@@ -544,89 +759,141 @@ async fn generate(
         Some(Fault::DieAfter(n)) => Some(n as usize),
         _ => None,
     };
-    let Some(submit) = g.submit.take() else {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "request already submitted",
-            None,
-        );
-    };
+    let submits = std::mem::take(&mut g.submits);
     if g.stream {
-        stream_response(s, g, submit, slow, die_after)
+        stream_response(s, g, submits, slow, die_after)
     } else {
         if !slow.is_zero() {
             tokio::time::sleep(slow).await;
         }
-        if s.submit.send(submit).await.is_err() {
-            return error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "engine is not running",
-                None,
-            );
+        for sub in submits {
+            if s.submit.send(sub).await.is_err() {
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "engine is not running",
+                    None,
+                );
+            }
         }
         full_response(&s, g, ctl, die_after).await
     }
 }
 
+/// What one choice produced so far.
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: usize,
+    reason: Option<Finish>,
+}
+
 async fn full_response(s: &Shared, mut g: Gen, ctl: ConnCtl, die_after: Option<usize>) -> Response {
-    let v = vocab();
-    let mut text = String::new();
+    let mut choices: Vec<Choice> = g.outputs.iter().map(|_| Choice::default()).collect();
+    let mut totals = Totals::default();
     let mut n = 0;
+    let die = || async {
+        ctl.0.notify_one();
+        std::future::pending::<()>().await;
+    };
     while let Some(e) = g.events.recv().await {
         match e {
-            Event::Token { tok, .. } => {
-                text.push_str(&v.text[tok as usize]);
+            Event::Token { index, tok, .. } => {
+                let i = index as usize;
+                if let (Some(c), Some(o)) = (choices.get_mut(i), g.outputs.get(i)) {
+                    c.text.push_str(o.piece(tok, c.tokens));
+                    c.tokens += 1;
+                }
                 n += 1;
                 if die_after.is_some_and(|d| n >= d) {
-                    ctl.0.notify_one();
-                    std::future::pending::<()>().await;
+                    die().await;
                 }
             }
             Event::Failed(m) => return error(StatusCode::INTERNAL_SERVER_ERROR, m, None),
-            Event::Done {
-                reason,
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-                blocks,
-            } => {
-                if die_after.is_some() {
-                    ctl.0.notify_one();
-                    std::future::pending::<()>().await;
+            Event::Done { index, reason, .. } => {
+                if let Some(c) = choices.get_mut(index as usize) {
+                    c.reason = Some(reason);
                 }
-                let kv = if g.nixl_prefill {
-                    json!({"do_remote_prefill": true, "do_remote_decode": false,
-                           "remote_block_ids": blocks, "remote_engine_id": s.engine_id,
-                           "remote_host": s.addr.ip().to_string(), "remote_port": s.addr.port(),
-                           "tp_size": 1})
-                } else {
-                    Value::Null
-                };
-                let id = request_id(g.kind);
-                let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
-                let body = match g.kind {
-                    Kind::Chat => json!({
-                        "id": id, "object": "chat.completion", "created": now_secs(), "model": g.model,
-                        "choices": [{"index": 0,
-                            "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []},
-                            "logprobs": null, "finish_reason": reason.as_str(), "stop_reason": null}],
-                        "usage": usage, "prompt_logprobs": null, "kv_transfer_params": kv,
-                    }),
-                    Kind::Completion => json!({
-                        "id": id, "object": "text_completion", "created": now_secs(), "model": g.model,
-                        "choices": [{"index": 0, "text": text, "logprobs": null,
-                            "finish_reason": reason.as_str(), "stop_reason": null, "prompt_logprobs": null}],
-                        "usage": usage, "kv_transfer_params": kv,
-                    }),
-                };
-                return axum::Json(body).into_response();
+                totals.add(e);
+                if totals.done < g.outputs.len() {
+                    continue;
+                }
+                if die_after.is_some() {
+                    die().await;
+                }
+                return axum::Json(full_body(s, &g, &choices, &totals)).into_response();
             }
         }
     }
     error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped", None)
 }
 
-/// Writes SSE events the way vLLM does: `data: {json}\n\n`, then `data: [DONE]\n\n`.
+fn full_body(s: &Shared, g: &Gen, choices: &[Choice], totals: &Totals) -> Value {
+    let kv = if g.nixl_prefill {
+        json!({"do_remote_prefill": true, "do_remote_decode": false,
+               "remote_block_ids": totals.blocks, "remote_engine_id": s.engine_id,
+               "remote_host": s.addr.ip().to_string(), "remote_port": s.addr.port(),
+               "tp_size": 1})
+    } else {
+        Value::Null
+    };
+    let id = request_id(g.kind);
+    let returned = choices.iter().zip(&g.outputs).take(g.n).enumerate();
+    let finish = |c: &Choice, o: &Output| c.reason.map(|r| o.finish_reason(r));
+    match g.kind {
+        Kind::Chat => {
+            let list: Vec<Value> = returned
+                .map(|(i, (c, o))| {
+                    let message = match o {
+                        Output::Text => json!({"role": "assistant", "content": c.text,
+                                               "reasoning_content": null, "tool_calls": []}),
+                        Output::Tool { call_id, call } => json!({"role": "assistant", "content": null,
+                            "reasoning_content": null, "tool_calls": [{"id": call_id, "type": "function",
+                                "function": {"name": call.name, "arguments": c.text}}]}),
+                    };
+                    json!({"index": i, "message": message, "logprobs": null,
+                           "finish_reason": finish(c, o), "stop_reason": null})
+                })
+                .collect();
+            json!({
+                "id": id, "object": "chat.completion", "created": now_secs(), "model": g.model,
+                "choices": list, "usage": usage(totals), "prompt_logprobs": null,
+                "kv_transfer_params": kv,
+            })
+        }
+        Kind::Completion => {
+            let list: Vec<Value> = returned
+                .map(|(i, (c, o))| {
+                    json!({"index": i, "text": c.text, "logprobs": null,
+                           "finish_reason": finish(c, o), "stop_reason": null, "prompt_logprobs": null})
+                })
+                .collect();
+            json!({
+                "id": id, "object": "text_completion", "created": now_secs(), "model": g.model,
+                "choices": list, "usage": usage(totals), "kv_transfer_params": kv,
+            })
+        }
+        Kind::Responses => {
+            let output: Vec<Value> = choices
+                .iter()
+                .zip(&g.outputs)
+                .take(g.n)
+                .map(|(c, o)| responses::item(o, &c.text, "completed"))
+                .collect();
+            responses::object(
+                &g.echo,
+                &id,
+                now_secs(),
+                &g.model,
+                "completed",
+                json!(output),
+                responses::usage(totals),
+            )
+        }
+    }
+}
+
+/// Writes chat and completion chunks the way vLLM does: `data: {json}\n\n`,
+/// then `data: [DONE]\n\n`.
 struct Sse {
     kind: Kind,
     /// Everything up to and including `"choices":`.
@@ -637,7 +904,7 @@ impl Sse {
     fn new(kind: Kind, model: &str) -> Sse {
         let object = match kind {
             Kind::Chat => "chat.completion.chunk",
-            Kind::Completion => "text_completion",
+            _ => "text_completion",
         };
         let head = format!(
             "data: {{\"id\":{},\"object\":\"{object}\",\"created\":{},\"model\":{},\"choices\":",
@@ -648,40 +915,79 @@ impl Sse {
         Sse { kind, head }
     }
 
-    fn role(&self) -> Bytes {
-        Bytes::from(format!(
-            "{}[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
-            self.head
-        ))
+    /// One chunk holding one choice, `{"index":i,` + `rest`.
+    fn chunk(&self, out: &mut String, i: usize, rest: std::fmt::Arguments) {
+        out.push_str(&self.head);
+        let _ = write!(out, "[{{\"index\":{i},{rest}}}]}}\n\n");
     }
 
-    fn token(&self, text: &str, finish: Option<Finish>) -> Bytes {
+    /// The events for one token of choice `i`; a chat choice's first token
+    /// is preceded by the assistant role (and a tool call's id and name).
+    fn token(&self, i: usize, o: &Output, first: bool, text: &str, fin: Option<&str>) -> Bytes {
         let text = Value::String(text.to_string());
-        let fin = match finish {
-            Some(f) => format!("\"{}\"", f.as_str()),
+        let fin = match fin {
+            Some(f) => format!("\"{f}\""),
             None => "null".into(),
         };
-        let mut out = String::with_capacity(self.head.len() + 96);
-        out.push_str(&self.head);
-        match self.kind {
-            Kind::Chat => {
-                let _ = write!(
-                    out,
-                    "[{{\"index\":0,\"delta\":{{\"content\":{text}}},\"logprobs\":null,\"finish_reason\":{fin}}}]}}\n\n"
-                );
-            }
-            Kind::Completion => {
-                let _ = write!(
-                    out,
-                    "[{{\"index\":0,\"text\":{text},\"logprobs\":null,\"finish_reason\":{fin},\"stop_reason\":null}}]}}\n\n"
+        let mut out = String::with_capacity(2 * self.head.len() + 192);
+        if self.kind == Kind::Completion {
+            self.chunk(
+                &mut out,
+                i,
+                format_args!(
+                    "\"text\":{text},\"logprobs\":null,\"finish_reason\":{fin},\"stop_reason\":null"
+                ),
+            );
+            return Bytes::from(out);
+        }
+        if first {
+            self.chunk(
+                &mut out,
+                i,
+                format_args!(
+                    "\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null"
+                ),
+            );
+        }
+        match o {
+            Output::Text => self.chunk(
+                &mut out,
+                i,
+                format_args!(
+                    "\"delta\":{{\"content\":{text}}},\"logprobs\":null,\"finish_reason\":{fin}"
+                ),
+            ),
+            Output::Tool { call_id, call } => {
+                if first {
+                    let name = Value::String(call.name.clone());
+                    self.chunk(
+                        &mut out,
+                        i,
+                        format_args!(
+                            "\"delta\":{{\"tool_calls\":[{{\"index\":0,\"id\":\"{call_id}\",\"type\":\"function\",\"function\":{{\"name\":{name},\"arguments\":\"\"}}}}]}},\"logprobs\":null,\"finish_reason\":null"
+                        ),
+                    );
+                }
+                self.chunk(
+                    &mut out,
+                    i,
+                    format_args!(
+                        "\"delta\":{{\"tool_calls\":[{{\"index\":0,\"function\":{{\"arguments\":{text}}}}}]}},\"logprobs\":null,\"finish_reason\":{fin}"
+                    ),
                 );
             }
         }
         Bytes::from(out)
     }
 
-    fn usage(&self, u: &Value) -> Bytes {
-        Bytes::from(format!("{}[],\"usage\":{u}}}\n\n", self.head))
+    /// The usage chunk (when asked for), then `[DONE]`.
+    fn end(&self, usage: Option<&Value>) -> Bytes {
+        let mut out = String::new();
+        if let Some(u) = usage {
+            let _ = write!(out, "{}[],\"usage\":{u}}}\n\n", self.head);
+        }
+        out.push_str(DONE);
+        Bytes::from(out)
     }
 
     fn error(&self, message: &str) -> Bytes {
@@ -690,19 +996,67 @@ impl Sse {
     }
 }
 
-const DONE: &[u8] = b"data: [DONE]\n\n";
+const DONE: &str = "data: [DONE]\n\n";
+
+/// The stream format of one request.
+enum Writer {
+    Chunks(Sse),
+    Responses(responses::Stream),
+}
+
+impl Writer {
+    fn new(g: &Gen) -> Writer {
+        match g.kind {
+            Kind::Responses => Writer::Responses(responses::Stream::new(
+                request_id(g.kind),
+                &g.model,
+                g.echo.clone(),
+            )),
+            kind => Writer::Chunks(Sse::new(kind, &g.model)),
+        }
+    }
+
+    /// Events sent as soon as the request is accepted.
+    fn start(&mut self) -> Option<Bytes> {
+        match self {
+            Writer::Chunks(_) => None,
+            Writer::Responses(r) => Some(r.start()),
+        }
+    }
+
+    fn token(&mut self, i: usize, o: &Output, first: bool, text: &str, fin: Option<&str>) -> Bytes {
+        match self {
+            Writer::Chunks(c) => c.token(i, o, first, text, fin),
+            Writer::Responses(r) => r.token(o, first, text),
+        }
+    }
+
+    fn end(&mut self, g: &Gen, totals: &Totals) -> Bytes {
+        match self {
+            Writer::Chunks(c) => c.end(g.include_usage.then(|| usage(totals)).as_ref()),
+            Writer::Responses(r) => r.end(&g.outputs[0], totals),
+        }
+    }
+
+    fn error(&mut self, message: &str) -> Bytes {
+        match self {
+            Writer::Chunks(c) => c.error(message),
+            Writer::Responses(r) => r.error(message),
+        }
+    }
+}
 
 type Frame = Result<Bytes, std::io::Error>;
 
 fn stream_response(
     s: Arc<Shared>,
     g: Gen,
-    submit: Submit,
+    submits: Vec<Submit>,
     slow: Duration,
     die_after: Option<usize>,
 ) -> Response {
     let (tx, mut rx) = mpsc::channel::<Frame>(64);
-    tokio::spawn(produce(s, g, submit, slow, die_after, tx));
+    tokio::spawn(produce(s, g, submits, slow, die_after, tx));
     // An error frame aborts the connection at once, dropping bytes hyper has
     // buffered but not yet written. Answer `Pending` once before an error so
     // hyper flushes the tokens already sent (its loop flushes after a
@@ -730,11 +1084,11 @@ fn stream_response(
 
 /// Feed one streaming response from the engine's events. A send error means
 /// the client went away: returning drops the event receiver, which the engine
-/// sees as an abort.
+/// sees as an abort of every sequence of the request.
 async fn produce(
     s: Arc<Shared>,
     mut g: Gen,
-    submit: Submit,
+    submits: Vec<Submit>,
     slow: Duration,
     die_after: Option<usize>,
     tx: mpsc::Sender<Frame>,
@@ -745,13 +1099,13 @@ async fn produce(
             _ = tx.closed() => return,
         }
     }
-    let sse = Sse::new(g.kind, &g.model);
-    if s.submit.send(submit).await.is_err() {
-        let _ = tx.send(Ok(sse.error("engine is not running"))).await;
-        return;
+    let mut w = Writer::new(&g);
+    for sub in submits {
+        if s.submit.send(sub).await.is_err() {
+            let _ = tx.send(Ok(w.error("engine is not running"))).await;
+            return;
+        }
     }
-    let v = vocab();
-    let mut sent = 0usize;
     let die = |tx: mpsc::Sender<Frame>| async move {
         let _ = tx
             .send(Err(std::io::Error::new(
@@ -763,18 +1117,25 @@ async fn produce(
     if die_after == Some(0) {
         return die(tx).await;
     }
+    if let Some(b) = w.start() {
+        if tx.send(Ok(b)).await.is_err() {
+            return;
+        }
+    }
+    let mut counts = vec![0usize; g.outputs.len()];
+    let mut totals = Totals::default();
+    let mut sent = 0usize;
     while let Some(e) = g.events.recv().await {
         match e {
-            Event::Token { tok, finish } => {
-                if g.kind == Kind::Chat && sent == 0 && tx.send(Ok(sse.role())).await.is_err() {
-                    return;
-                }
-                let finish = if die_after.is_some() { None } else { finish };
-                if tx
-                    .send(Ok(sse.token(&v.text[tok as usize], finish)))
-                    .await
-                    .is_err()
-                {
+            Event::Token { index, tok, finish } => {
+                let i = index as usize;
+                let Some(o) = g.outputs.get(i) else { continue };
+                let fin = finish
+                    .filter(|_| die_after.is_none())
+                    .map(|f| o.finish_reason(f));
+                let frame = w.token(i, o, counts[i] == 0, o.piece(tok, counts[i]), fin);
+                counts[i] += 1;
+                if tx.send(Ok(frame)).await.is_err() {
                     return;
                 }
                 sent += 1;
@@ -783,30 +1144,23 @@ async fn produce(
                 }
             }
             Event::Failed(m) => {
-                let _ = tx.send(Ok(sse.error(&m))).await;
+                let _ = tx.send(Ok(w.error(&m))).await;
                 return;
             }
-            Event::Done {
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
-                ..
-            } => {
+            e @ Event::Done { .. } => {
+                totals.add(e);
+                if totals.done < g.outputs.len() {
+                    continue;
+                }
                 if die_after.is_some() {
                     return die(tx).await;
                 }
-                if g.include_usage {
-                    let u = usage(prompt_tokens, completion_tokens, cached_tokens);
-                    if tx.send(Ok(sse.usage(&u))).await.is_err() {
-                        return;
-                    }
-                }
-                let _ = tx.send(Ok(Bytes::from_static(DONE))).await;
+                let _ = tx.send(Ok(w.end(&g, &totals))).await;
                 return;
             }
         }
     }
-    let _ = tx.send(Ok(sse.error("engine stopped"))).await;
+    let _ = tx.send(Ok(w.error("engine stopped"))).await;
 }
 
 // ---------------------------------------------------------------- embeddings

@@ -46,14 +46,20 @@ pub struct SimArgs {
     /// Seed for output text, output lengths and random faults.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Most sequences in the running batch [default: the profile's].
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
+    /// Most tokens computed in one engine step: the chunked-prefill budget [default: the
+    /// profile's].
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Tokens per KV cache block [default: the profile's].
     #[arg(long)]
     pub block_size: Option<usize>,
+    /// KV cache capacity in blocks [default: the profile's].
     #[arg(long)]
     pub num_blocks: Option<usize>,
+    /// Longest prompt + output in tokens, capped at the KV cache size [default: the profile's].
     #[arg(long)]
     pub max_model_len: Option<usize>,
     /// Disable the prefix cache.
@@ -62,23 +68,34 @@ pub struct SimArgs {
     /// Never preempt; reserve KV for each sequence's whole length on admission.
     #[arg(long)]
     pub no_preemption: bool,
+    /// Fixed cost of one engine step, in simulated ms [default: the profile's].
     #[arg(long)]
     pub step_base_ms: Option<f64>,
+    /// Step cost added per sequence in the batch, in simulated ms [default: the profile's].
     #[arg(long)]
     pub per_seq_ms: Option<f64>,
+    /// Step cost added per uncached prompt token computed, in simulated ms [default: the
+    /// profile's].
     #[arg(long)]
     pub per_prefill_token_ms: Option<f64>,
+    /// Fixed cost of receiving a remote prefill's KV (P/D decode side), in simulated ms [default:
+    /// the profile's].
     #[arg(long)]
     pub kv_transfer_base_ms: Option<f64>,
+    /// KV transfer cost per token, in simulated ms [default: the profile's].
     #[arg(long)]
     pub kv_transfer_per_token_ms: Option<f64>,
+    /// Mean natural output length in tokens before EOS, when a request does not set ignore_eos
+    /// [default: the profile's].
     #[arg(long)]
     pub mean_output_tokens: Option<usize>,
+    /// Length of /v1/embeddings vectors [default: the profile's].
     #[arg(long)]
     pub embedding_dim: Option<usize>,
     /// Fraction (0-1) of requests answered with --error-status.
     #[arg(long, default_value_t = 0.0)]
     pub error_rate: f64,
+    /// HTTP status of the responses --error-rate injects.
     #[arg(long, default_value_t = 500)]
     pub error_status: u16,
     /// /health answers 503.
@@ -87,6 +104,7 @@ pub struct SimArgs {
     /// Fraction (0-1) of requests delayed by --spike-ms (wall clock).
     #[arg(long, default_value_t = 0.0)]
     pub spike_rate: f64,
+    /// Wall-clock delay, in ms, of the requests --spike-rate picks.
     #[arg(long, default_value_t = 0)]
     pub spike_ms: u64,
     /// An x-sim-fault value applied to every request (e.g. 503, slow:200).
@@ -192,4 +210,35 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         h.shutdown().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command};
+
+    #[test]
+    fn every_option_and_value_has_a_description() {
+        let cmd = super::SimArgs::augment_args(Command::new("sim"));
+        let mut n = 0;
+        for a in cmd.get_arguments() {
+            n += 1;
+            assert!(
+                a.get_help().is_some(),
+                "--{} has no description",
+                a.get_id()
+            );
+            if !a.get_action().takes_values() {
+                continue; // a flag: its implicit true/false are not listed
+            }
+            for v in a.get_possible_values() {
+                assert!(
+                    v.get_help().is_some(),
+                    "--{} {} has no description",
+                    a.get_id(),
+                    v.get_name()
+                );
+            }
+        }
+        assert!(n > 30, "only {n} options found");
+    }
 }

@@ -37,14 +37,21 @@ impl Finish {
     }
 }
 
-/// What the engine tells one request.
+/// What the engine tells one request. `index` is the sequence's
+/// [`Submit::index`] (the choice index when a request samples several).
 #[derive(Debug)]
 pub enum Event {
-    /// One generated token (an index into [`vocab`]); `finish` is set on the
-    /// last one, which is followed by `Done`.
-    Token { tok: u16, finish: Option<Finish> },
+    /// One generated token: an index into [`vocab`], or `None` for the next
+    /// token of the sequence's [`Submit::script`]. `finish` is set on the last
+    /// one, which is followed by `Done`.
+    Token {
+        index: u32,
+        tok: Option<u16>,
+        finish: Option<Finish>,
+    },
     /// The sequence is complete.
     Done {
+        index: u32,
         reason: Finish,
         prompt_tokens: usize,
         completion_tokens: usize,
@@ -64,13 +71,26 @@ pub struct Remote {
     pub extra_ms: f64,
 }
 
-/// One request for the engine.
+/// One sequence for the engine. A request that samples several choices
+/// (`n`, `best_of`) submits one per choice, with the same prompt and indices
+/// 0, 1, ..., as vLLM V1 fans parallel sampling out into child requests.
 #[derive(Debug)]
 pub struct Submit {
     pub tokens: Vec<u32>,
     /// Already checked: prompt + max_tokens <= max_model_len.
     pub max_tokens: usize,
     pub ignore_eos: bool,
+    /// Choice index: echoed in events, and mixed into the sampling seed so
+    /// sibling choices differ (index 0 samples as a lone request would).
+    pub index: u32,
+    /// Output fixed in advance (e.g. a tool call's arguments): emitted token by
+    /// token, then the sequence stops, unless `max_tokens` cuts it first.
+    pub script: Option<Arc<[u32]>>,
+    /// One of several choices sampled from this prompt: its full prompt blocks
+    /// enter the prefix cache as soon as they are scheduled (vLLM V1 caches
+    /// blocks at allocation), so siblings admitted with it reuse them instead
+    /// of prefilling the prompt again.
+    pub parallel: bool,
     pub salt: Option<String>,
     pub remote: Option<Remote>,
     pub want_blocks: bool,
@@ -180,6 +200,9 @@ impl Params {
 }
 
 struct Seq {
+    index: u32,
+    script: Option<Arc<[u32]>>,
+    parallel: bool,
     tokens: Vec<u32>,
     prompt_len: usize,
     max_tokens: usize,
@@ -213,6 +236,17 @@ impl Seq {
     fn max_len(&self, max_model_len: usize) -> usize {
         (self.prompt_len + self.max_tokens).min(max_model_len)
     }
+    /// The next output token: its [`vocab`] index (`None` when scripted) and id.
+    fn next_token(&mut self) -> (Option<u16>, u32) {
+        if let Some(script) = &self.script {
+            if let Some(&id) = script.get(self.generated()) {
+                return (None, id);
+            }
+        }
+        let tok = self.sample();
+        (Some(tok), vocab().ids[tok as usize])
+    }
+
     /// Sample the next output token.
     fn sample(&mut self) -> u16 {
         let v = vocab();
@@ -239,6 +273,21 @@ impl Seq {
 
 fn blocks_for(tokens: usize, bs: usize) -> usize {
     tokens.div_ceil(bs)
+}
+
+/// For a parallel-sampling sequence, enter the full prompt blocks this step
+/// computes into the prefix cache now rather than when the step ends, so a
+/// sibling admitted in the same step finds them (vLLM V1 caches at allocation).
+fn cache_ahead(kv: &mut KvCache, s: &Seq, bs: usize) {
+    if !s.parallel {
+        return;
+    }
+    let upto = (s.computed + s.scheduled).min(s.prompt_len) / bs;
+    for b in s.computed / bs..upto {
+        if let (Some(&blk), Some(&h)) = (s.blocks.get(b), s.hashes.get(b)) {
+            kv.commit(blk, h);
+        }
+    }
 }
 
 /// The scheduler state of one engine.
@@ -272,8 +321,12 @@ impl Engine {
         for t in &s.tokens {
             key.extend_from_slice(&t.to_le_bytes());
         }
-        let mut rng = SmallRng::seed_from_u64(xxh3_64_with_seed(&key, self.p.seed));
-        let eos_len = if s.ignore_eos {
+        // Choice 0 keeps the request's own seed; siblings get distinct ones.
+        let seed = self.p.seed ^ u64::from(s.index).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut rng = SmallRng::seed_from_u64(xxh3_64_with_seed(&key, seed));
+        let eos_len = if let Some(script) = &s.script {
+            Some(script.len())
+        } else if s.ignore_eos {
             None
         } else {
             let u: f64 = rng.gen_range(f64::EPSILON..1.0);
@@ -283,6 +336,9 @@ impl Engine {
         kv::extend_hashes(root, &mut hashes, &s.tokens, self.p.block_size);
         let prompt_len = s.tokens.len();
         self.waiting.push_back(Seq {
+            index: s.index,
+            script: s.script,
+            parallel: s.parallel,
             tokens: s.tokens,
             prompt_len,
             max_tokens: s.max_tokens,
@@ -390,6 +446,7 @@ impl Engine {
                     prefill += n;
                 }
                 s.scheduled = n;
+                cache_ahead(&mut self.kv, s, bs);
                 budget -= n;
                 seqs += 1;
             }
@@ -467,6 +524,7 @@ impl Engine {
                     prefill += n;
                 }
                 s.scheduled = n;
+                cache_ahead(&mut self.kv, &s, bs);
                 budget -= n;
                 seqs += 1;
             }
@@ -499,8 +557,8 @@ impl Engine {
                 i += 1;
                 continue; // chunked prefill in progress
             }
-            let tok = s.sample();
-            s.tokens.push(vocab().ids[tok as usize]);
+            let (tok, id) = s.next_token();
+            s.tokens.push(id);
             emitted += 1;
             let gen = s.generated();
             match s.last_token_at {
@@ -518,6 +576,7 @@ impl Engine {
             };
             if s.events
                 .send(Event::Token {
+                    index: s.index,
                     tok,
                     finish: reason,
                 })
@@ -534,6 +593,7 @@ impl Engine {
             let s = self.running.remove(i);
             let prompt_blocks = blocks_for(s.prompt_len, bs).min(s.blocks.len());
             let _ = s.events.send(Event::Done {
+                index: s.index,
                 reason,
                 prompt_tokens: s.prompt_len,
                 completion_tokens: s.generated(),
@@ -679,7 +739,7 @@ mod tests {
         let mut toks = Vec::new();
         while let Some(e) = rx.recv().await {
             match e {
-                Event::Token { tok, .. } => toks.push(tok),
+                Event::Token { tok, .. } => toks.push(tok.expect("sampled token")),
                 other => return (toks, Some(other)),
             }
         }
@@ -696,6 +756,9 @@ mod tests {
             tokens,
             max_tokens: max,
             ignore_eos: true,
+            index: 0,
+            script: None,
+            parallel: false,
             salt: None,
             remote: None,
             want_blocks: false,
@@ -743,6 +806,146 @@ mod tests {
         assert_eq!(Instant::now() - t1, Duration::from_millis(10));
         assert_eq!(stats.prefix_hits.load(Relaxed), 40);
         assert_eq!(stats.prefix_queries.load(Relaxed), 82);
+    }
+
+    /// Submit `n` sibling sequences of one request on a shared event channel.
+    fn submit_n(
+        tx: &mpsc::Sender<Submit>,
+        tokens: Vec<u32>,
+        max: usize,
+        n: u32,
+        script: Option<Arc<[u32]>>,
+    ) -> mpsc::UnboundedReceiver<Event> {
+        let (etx, erx) = mpsc::unbounded_channel();
+        for index in 0..n {
+            tx.try_send(Submit {
+                tokens: tokens.clone(),
+                max_tokens: max,
+                ignore_eos: true,
+                index,
+                script: script.clone(),
+                parallel: n > 1,
+                salt: None,
+                remote: None,
+                want_blocks: false,
+                arrived: Instant::now(),
+                events: etx.clone(),
+            })
+            .unwrap();
+        }
+        erx
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn parallel_siblings_share_the_prompt_prefill() {
+        let (tx, rx) = mpsc::channel(16);
+        let stats = Arc::new(Stats::new(64, 4));
+        tokio::spawn(Engine::new(params(), rx, stats.clone()).run());
+        let prompt: Vec<u32> = (0..41).collect();
+        let t0 = Instant::now();
+        let mut events = submit_n(&tx, prompt, 3, 3, None);
+        let mut toks: Vec<Vec<u16>> = vec![Vec::new(); 3];
+        let mut done = Vec::new();
+        let mut first_token_at = None;
+        while done.len() < 3 {
+            match events.recv().await.expect("event") {
+                Event::Token { index, tok, .. } => {
+                    first_token_at.get_or_insert(Instant::now() - t0);
+                    toks[index as usize].push(tok.expect("sampled"));
+                }
+                Event::Done {
+                    index,
+                    cached_tokens,
+                    ..
+                } => done.push((index, cached_tokens)),
+                Event::Failed(m) => panic!("{m}"),
+            }
+        }
+        // One step prefills the prompt once (10 + 41 ms): each sibling found
+        // 40 tokens cached and computes only its last prompt token, which
+        // costs no prefill time (as for any cached prompt).
+        assert_eq!(first_token_at, Some(Duration::from_millis(51)));
+        done.sort();
+        assert_eq!(done, vec![(0, 0), (1, 40), (2, 40)]);
+        assert!(toks.iter().all(|t| t.len() == 3));
+        assert_ne!(toks[0], toks[1], "siblings sample different text");
+        assert_ne!(toks[1], toks[2]);
+        assert_eq!(stats.generation_tokens.load(Relaxed), 9);
+        assert_eq!(stats.finished_length.load(Relaxed), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lone_requests_of_the_same_prompt_do_not_share_within_a_step() {
+        // Only parallel siblings cache ahead: two separate requests sent
+        // together both prefill the whole prompt in one step (10 + 2 x 21 ms).
+        let (tx, rx) = mpsc::channel(16);
+        let stats = Arc::new(Stats::new(64, 4));
+        tokio::spawn(Engine::new(params(), rx, stats).run());
+        let prompt: Vec<u32> = (0..21).collect();
+        let t0 = Instant::now();
+        let a = submit(&tx, prompt.clone(), 1);
+        let b = submit(&tx, prompt, 1);
+        let (ra, rb) = tokio::join!(collect(a), collect(b));
+        assert_eq!(Instant::now() - t0, Duration::from_millis(52));
+        for r in [ra, rb] {
+            assert!(matches!(
+                r.1,
+                Some(Event::Done {
+                    cached_tokens: 0,
+                    ..
+                })
+            ));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_script_is_emitted_then_stops() {
+        let (tx, rx) = mpsc::channel(16);
+        let stats = Arc::new(Stats::new(64, 4));
+        tokio::spawn(Engine::new(params(), rx, stats.clone()).run());
+        let script: Arc<[u32]> = Arc::from(vec![7u32, 8, 9]);
+        // Room for more: the script ends it with `stop`.
+        let mut events = submit_n(&tx, vec![1, 2, 3], 10, 1, Some(script.clone()));
+        let mut n = 0;
+        loop {
+            match events.recv().await.expect("event") {
+                Event::Token { tok, finish, .. } => {
+                    assert_eq!(tok, None);
+                    n += 1;
+                    assert_eq!(finish, (n == 3).then_some(Finish::Stop));
+                }
+                Event::Done {
+                    reason,
+                    completion_tokens,
+                    ..
+                } => {
+                    assert_eq!((reason, completion_tokens), (Finish::Stop, 3));
+                    break;
+                }
+                Event::Failed(m) => panic!("{m}"),
+            }
+        }
+        // max_tokens shorter than the script cuts it: `length`.
+        let (toks, done) = collect_script(submit_n(&tx, vec![1, 2, 3], 2, 1, Some(script))).await;
+        assert_eq!(toks, 2);
+        assert!(matches!(
+            done,
+            Some(Event::Done {
+                reason: Finish::Length,
+                ..
+            })
+        ));
+    }
+
+    async fn collect_script(mut rx: mpsc::UnboundedReceiver<Event>) -> (usize, Option<Event>) {
+        let mut n = 0;
+        while let Some(e) = rx.recv().await {
+            match e {
+                Event::Token { .. } => n += 1,
+                other => return (n, Some(other)),
+            }
+        }
+        (n, None)
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,6 +8,8 @@
 //! - `kv`: paged KV cache with chained-hash prefix caching and LRU eviction
 //! - `tokenizer`: deterministic approximate tokenizer and chat template
 //! - `api`: axum routes, OpenAI request/response shapes, P/D parameters
+//! - `responses`: the Responses API's input items, objects and stream events
+//! - `tools`: forced tool calls and their arguments from a JSON schema
 //! - `metrics`: Prometheus text under vLLM's or SGLang's names
 //! - `faults`: fault settings and the `x-sim-fault` header
 //! - `profiles`: named parameter sets from published figures
@@ -20,7 +22,9 @@ pub mod faults;
 pub mod kv;
 pub mod metrics;
 pub mod profiles;
+mod responses;
 pub mod tokenizer;
+mod tools;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -39,7 +43,9 @@ pub use faults::{Fault, Faults, FAULT_HEADER};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineKind {
+    /// vLLM's metric names (`vllm:*`).
     Vllm,
+    /// SGLang's metric names (`sglang:*`), plus `/get_load` and `/get_model_info`.
     Sglang,
 }
 
@@ -56,8 +62,11 @@ impl EngineKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// Prefill instance: computes the prompt's KV and returns one token.
     Prefill,
+    /// Decode instance: receives the prompt's KV from a prefill peer, then decodes.
     Decode,
+    /// No disaggregation: prefill and decode on this engine.
     Both,
 }
 

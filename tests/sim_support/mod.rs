@@ -32,6 +32,8 @@ pub struct Streamed {
     pub status: u16,
     /// Parsed `data:` JSON events, in order (`[DONE]` excluded).
     pub events: Vec<Value>,
+    /// Each event's `event:` name ("" when it has none), parallel to `events`.
+    pub names: Vec<String>,
     /// When each event arrived, relative to the request start.
     pub at: Vec<Duration>,
     pub done: bool,
@@ -85,6 +87,7 @@ pub async fn stream(
     let mut s = Streamed {
         status,
         events: Vec::new(),
+        names: Vec::new(),
         at: Vec::new(),
         done: false,
         broken: false,
@@ -100,18 +103,34 @@ pub async fn stream(
         buf.extend_from_slice(&chunk);
         while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
             let ev: Vec<u8> = buf.drain(..pos + 2).collect();
-            let line = std::str::from_utf8(&ev).expect("utf8").trim_end();
+            let block = std::str::from_utf8(&ev).expect("utf8").trim_end();
+            // An optional `event: NAME` line, then one `data: ...` line.
+            let (name, line) = match block.split_once('\n') {
+                Some((first, rest)) => {
+                    let name = first.strip_prefix("event: ").expect("event: prefix");
+                    (name, rest)
+                }
+                None => ("", block),
+            };
             let data = line.strip_prefix("data: ").expect("data: prefix");
             if data == "[DONE]" {
                 s.done = true;
             } else {
                 s.events
                     .push(serde_json::from_str(data).expect("event JSON"));
+                s.names.push(name.to_string());
                 s.at.push(now);
             }
         }
     }
     s
+}
+
+/// POST a JSON body; the status and the JSON answer.
+pub async fn post_json(client: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = client.post(url).json(body).send().await.expect("send");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("JSON answer"))
 }
 
 pub fn chat_body(model: &str, content: &str, max_tokens: u32) -> Value {
