@@ -239,7 +239,10 @@ async fn the_binary_raises_its_open_file_limit_and_logs_without_colour() {
     assert_eq!(soft, hard, "soft limit raised to the hard one");
     assert!(logged.contains("open-file limit"), "{logged}");
     assert!(logged.contains("max_connections"), "{logged}");
-    assert!(!logged.contains('\u{1b}'), "colour codes in a piped log: {logged}");
+    assert!(
+        !logged.contains('\u{1b}'),
+        "colour codes in a piped log: {logged}"
+    );
     child.kill().await.unwrap();
 }
 
@@ -312,8 +315,8 @@ fn every_sim_option_has_a_description() {
             .get(i + 1)
             .map(|n| n.trim())
             .filter(|n| !n.starts_with('-'));
-        let described = same_line.is_some_and(|d| !d.is_empty())
-            || next_line.is_some_and(|d| !d.is_empty());
+        let described =
+            same_line.is_some_and(|d| !d.is_empty()) || next_line.is_some_and(|d| !d.is_empty());
         assert!(described, "option without a description: {l:?}\n{help}");
     }
     assert!(options > 10, "{help}");

@@ -217,7 +217,19 @@ impl Tail {
     }
 }
 
+static RESPONSES_TYPE: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"type\":\"response."));
+
 fn carries_content(data: &[u8]) -> bool {
+    // A Responses API event carries new output only if it is a `….delta`; the
+    // closing `….done` / `response.completed` events repeat the whole text.
+    if let Some(i) = RESPONSES_TYPE.find(data) {
+        let name = &data[i + RESPONSES_TYPE.needle().len()..];
+        let end = memchr::memchr(b'"', name).unwrap_or(name.len());
+        if !name[..end].ends_with(b".delta") {
+            return false;
+        }
+    }
     CONTENT_KEYS.iter().any(|f| {
         f.find_iter(data)
             .any(|i| data.get(i + f.needle().len()).is_some_and(|&b| b != b'"'))
@@ -440,6 +452,17 @@ mod tests {
         assert!(carries_content(
             br#"{"type":"response.output_text.delta","delta":"x"}"#
         ));
+        assert!(carries_content(
+            br#"{"delta":"{\"a","item_id":"fc_1","type":"response.function_call_arguments.delta"}"#
+        ));
+        // The closing events repeat the text: no new output.
+        for done in [
+            br#"{"type":"response.output_text.done","text":"Hello there"}"#.as_slice(),
+            br#"{"part":{"type":"output_text","text":"Hello there"},"type":"response.content_part.done"}"#,
+            br#"{"type":"response.completed","response":{"output":[{"content":[{"text":"Hello"}]}]}}"#,
+        ] {
+            assert!(!carries_content(done), "{}", String::from_utf8_lossy(done));
+        }
         assert!(!carries_content(
             br#"{"choices":[],"usage":{"prompt_tokens":3}}"#
         ));
