@@ -64,3 +64,17 @@ test('unknown model raises NotFoundError', async () => {
     (e) => e instanceof OpenAI.NotFoundError && e.status === 404,
   );
 });
+
+test('models.retrieve', async () => {
+  const m = await client.models.retrieve(MODEL);
+  assert.equal(m.id, MODEL);
+  await assert.rejects(client.models.retrieve('no-such-model'), (e) => e instanceof OpenAI.NotFoundError);
+});
+
+test('responses, streaming', async () => {
+  const stream = await client.responses.create({ model: MODEL, input: 'Stream a story.', max_output_tokens: 4, stream: true });
+  const types = [];
+  for await (const e of stream) types.push(e.type);
+  assert.equal(types.filter((t) => t === 'response.output_text.delta').length, 4);
+  assert.equal(types.at(-1), 'response.completed');
+});

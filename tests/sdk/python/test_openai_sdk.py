@@ -86,3 +86,64 @@ def test_unknown_model_raises_not_found(client):
         )
     assert e.value.status_code == 404
     assert e.value.body["code"] == "model_not_found"
+
+
+def test_models_retrieve(client):
+    m = client.models.retrieve(MODEL)
+    assert m.id == MODEL and m.object == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_responses_non_streaming_and_streaming(client):
+    r = client.responses.create(model=MODEL, input="Tell me a story.", max_output_tokens=6)
+    assert r.status == "completed"
+    assert r.output_text
+    assert r.usage.output_tokens == 6
+    events = list(
+        client.responses.create(
+            model=MODEL, input="Stream a story.", max_output_tokens=5, stream=True
+        )
+    )
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) == 5
+    assert events[-1].type == "response.completed"
+
+
+def test_chat_with_n_choices(client):
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Two answers."}],
+        max_tokens=4,
+        n=2,
+    )
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert r.usage.completion_tokens == 8
+
+
+def test_chat_required_tool_call(client):
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        tools=tools,
+        tool_choice="required",
+    )
+    call = r.choices[0].message.tool_calls[0]
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"
+    import json
+
+    assert "city" in json.loads(call.function.arguments)
