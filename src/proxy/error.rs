@@ -163,28 +163,17 @@ impl GatewayError {
             )
     }
 
+    /// OpenAI's error `type`: follows the class, with two finer kinds.
     fn openai_type(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            MalformedJson(_)
-            | MissingModel
-            | BodyRead(_)
-            | BodyTimeout(_)
-            | UnsupportedMediaType(_)
-            | HeadersTooLarge(_)
-            | UnsupportedTransferEncoding(_)
-            | BadFraming(_)
-            | MethodNotAllowed { .. }
-            | UnknownModel(_)
-            | NotFound(_)
-            | BodyTooLarge(_)
-            | InvalidResidency { .. } => "invalid_request_error",
             TenantNeedsKey => "authentication_error",
             NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
             QueueFull(_) | QueueTimeout(_) => "rate_limit_exceeded",
-            UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => {
-                "upstream_error"
-            }
+            _ => match self.class() {
+                "upstream" => "upstream_error",
+                _ => "invalid_request_error",
+            },
         }
     }
 
