@@ -20,7 +20,7 @@ cargo test --locked
 echo "== SDK compatibility"
 scripts/sdk-tests.sh
 
-# ---- Dashboard in a real browser (issue 6) ----
+# ---- Dashboard in a real browser ----
 # Debian's chromium driven by Playwright for Python (no browser download).
 echo "== dashboard browser test"
 if ! command -v chromium >/dev/null 2>&1; then

@@ -94,7 +94,7 @@ pub struct RequestTags {
     pub hub: Arc<Hub>,
     pub config: Arc<Config>,
     pub request_id: HeaderValue,
-    /// Who is calling (issue 7 will route on it).
+    /// Who is calling (residency and tenant labels use it).
     pub tenant: Tenant,
     pub tenant_label: SharedString,
     pub request_bytes: u64,

@@ -52,13 +52,13 @@ pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
 
-// ---- Global routing (issue 7) ----
+// ---- Global routing ----
 pub const SPLIT_DECISIONS_TOTAL: &str = "switchyard_split_decisions_total";
 pub const CROSS_REGION_REQUESTS_TOTAL: &str = "switchyard_cross_region_requests_total";
 pub const LOCALITY_SPILLING: &str = "switchyard_locality_spilling";
 pub const FALLBACKS_SKIPPED_TOTAL: &str = "switchyard_fallbacks_skipped_total";
 
-// ---- Observability and cost (issue 6) ----
+// ---- Observability and cost ----
 pub const COST_USD_TOTAL: &str = "switchyard_cost_usd_total";
 pub const GATEWAY_OVERHEAD_SECONDS: &str = "switchyard_gateway_overhead_seconds";
 pub const GATEWAY_OVERHEAD_HELP: &str = "Time a request spent in the gateway itself: arrival to response head, minus upstream waits, queue waits and retry backoff.";
@@ -168,7 +168,7 @@ pub fn describe() {
     );
 }
 
-/// Help text for the observability and cost metrics (issue 6).
+/// Help text for the observability and cost metrics.
 fn describe_observability() {
     describe_gauge!(
         PROCESS_RESIDENT_MEMORY_BYTES,
@@ -226,7 +226,7 @@ fn describe_observability() {
     );
 }
 
-/// Help text for the worker-stats and routing metrics (issue 4).
+/// Help text for the worker-stats and routing metrics.
 fn describe_routing() {
     describe_gauge!(
         WORKER_QUEUE,
