@@ -303,7 +303,11 @@ def start_switchyard(tmp: Path, name: str, binary: str, up_url: str,
     p = spawn(name, [binary, "serve", "--listen", "127.0.0.1:0", "--worker", up_url, *extra],
               stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     # Port 0: the gateway binds first and prints the address it got.
+    # The ready line; a gateway that cannot serve yet first prints a
+    # `switchyard listening url=…, not ready: …` line saying why.
     line = p.stdout.readline()
+    while line.startswith("switchyard listening"):
+        line = p.stdout.readline()
     if "switchyard ready url=" not in line:
         raise RuntimeError(f"{name} did not print its url (got {line!r}); see {tmp}/{name}.log")
     url = line.split("url=", 1)[1].strip()

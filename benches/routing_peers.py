@@ -161,7 +161,11 @@ stats_interval_ms = 250
         p = overhead.spawn(target, [SWITCHYARD, "serve", "--config", str(cfg)],
                            stdout=subprocess.PIPE, stderr=open(tmp / f"gw-{idx}.log", "w"), text=True,
                            env=dict(os.environ, RUST_LOG="warn"))
+        # The ready line; a gateway that cannot serve yet first prints a
+        # `switchyard listening url=…, not ready: …` line saying why.
         line = p.stdout.readline()
+        while line.startswith("switchyard listening"):
+            line = p.stdout.readline()
         if "switchyard ready url=" not in line:
             raise RuntimeError(f"switchyard did not start: {line!r} {(tmp / f'gw-{idx}.log').read_text()[-2000:]}")
         url = line.split("url=", 1)[1].split()[0]

@@ -192,7 +192,11 @@ def start_gateway(config_text: str, log: Path, switchyard: str = "") -> Gateway:
     p = spawn([switchyard or SWITCHYARD, "serve", "--config", str(cfg)], stdout=subprocess.PIPE,
               stderr=open(log, "w"), text=True,
               env=dict(os.environ, RUST_LOG=os.environ.get("RUST_LOG", "warn")))
-    line = p.stdout.readline()  # the gateway prints its bound address first
+    # The ready line; a gateway that cannot serve yet first prints a
+    # `switchyard listening url=…, not ready: …` line saying why.
+    line = p.stdout.readline()
+    while line.startswith("switchyard listening"):
+        line = p.stdout.readline()
     if "switchyard ready url=" not in line:
         stop(p)
         raise RuntimeError(f"gateway did not start: {line!r}\n{log.read_text()[-3000:]}")
