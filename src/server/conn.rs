@@ -7,6 +7,7 @@
 use crate::proxy::GatewayError;
 use crate::telemetry::names;
 use hyper_util::server::graceful::GracefulConnection;
+use std::future::Future;
 use std::io::IoSlice;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -130,6 +131,13 @@ pub(crate) struct ConnTimeouts {
     pub idle: Duration,
 }
 
+/// What woke a connection's driver.
+enum Event<R> {
+    Ended(R),
+    Stop,
+    Check,
+}
+
 /// Drive one connection to its end. Before its first request's headers arrive,
 /// the connection has `header` time, and is then dropped (nothing is in flight).
 /// After that, a connection on which no request started for `idle` is shut
@@ -145,26 +153,56 @@ pub(crate) async fn drive<C>(
 {
     tokio::pin!(conn);
     let mut seen = 0;
-    let mut check_at = Instant::now() + timeouts.header;
+    let check = tokio::time::sleep(timeouts.header);
+    tokio::pin!(check);
     let mut closing = *stop.borrow();
     if closing {
         conn.as_mut().graceful_shutdown();
     }
     loop {
-        tokio::select! {
-            r = &mut conn => {
+        let event = {
+            let changed = stop.changed();
+            tokio::pin!(changed);
+            // The connection is what is ready on almost every wake. The check timer
+            // is polled only to register it and once it has fired: between, its
+            // registration stands (same task), so a request pays nothing for it.
+            let mut registered = false;
+            std::future::poll_fn(|cx| {
+                if let Poll::Ready(r) = conn.as_mut().poll(cx) {
+                    return Poll::Ready(Event::Ended(r));
+                }
+                if closing {
+                    return Poll::Pending;
+                }
+                if changed.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Event::Stop);
+                }
+                if !registered || check.is_elapsed() {
+                    registered = true;
+                    if check.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Event::Check);
+                    }
+                }
+                Poll::Pending
+            })
+            .await
+        };
+        match event {
+            Event::Ended(r) => {
                 if let Err(e) = r {
-                    if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_timeout) {
+                    if e.downcast_ref::<hyper::Error>()
+                        .is_some_and(hyper::Error::is_timeout)
+                    {
                         Closed::HeaderTimeout.count();
                     }
                 }
                 return;
             }
-            _ = stop.changed(), if !closing => {
+            Event::Stop => {
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = tokio::time::sleep_until(check_at), if !closing => {
+            Event::Check => {
                 let now_seen = state.requests();
                 if now_seen == 0 {
                     Closed::HeaderTimeout.count();
@@ -176,7 +214,7 @@ pub(crate) async fn drive<C>(
                     conn.as_mut().graceful_shutdown();
                 } else {
                     seen = now_seen;
-                    check_at = Instant::now() + timeouts.idle;
+                    check.as_mut().reset(Instant::now() + timeouts.idle);
                 }
             }
         }

@@ -61,13 +61,7 @@ where
     );
     let result = async {
         let body = read_body(body, &parts.headers, server.max_body_bytes);
-        let body = match tokio::time::timeout(server.body_read_timeout, body).await {
-            Ok(b) => b?,
-            Err(_) => {
-                super::conn::Closed::BodyTimeout.count();
-                return Err(GatewayError::BodyTimeout(server.body_read_timeout));
-            }
-        };
+        let body = within(server.body_read_timeout, body).await?;
         if let Some(t) = unshared(&mut tags) {
             t.request_bytes = body.len() as u64;
         }
@@ -202,6 +196,26 @@ where
     };
     resp.headers_mut().insert(request_id::HEADER, request_id);
     resp
+}
+
+/// Read the body within `limit`. The usual body is already in hand when its
+/// headers are, so the timer is armed only if the first poll finds it pending.
+async fn within<F>(limit: std::time::Duration, read: F) -> Result<Bytes, GatewayError>
+where
+    F: std::future::Future<Output = Result<Bytes, GatewayError>>,
+{
+    let mut read = std::pin::pin!(read);
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(r) = first {
+        return r;
+    }
+    match tokio::time::timeout(limit, read).await {
+        Ok(r) => r,
+        Err(_) => {
+            super::conn::Closed::BodyTimeout.count();
+            Err(GatewayError::BodyTimeout(limit))
+        }
+    }
 }
 
 /// Why a body could not be inspected, in the client's terms: a body that is not

@@ -221,6 +221,9 @@ pub async fn spawn(config: Config) -> std::io::Result<ServerHandle> {
     })
 }
 
+/// hyper's own HTTP/1 header-count limit when none is set.
+const HYPER_DEFAULT_MAX_HEADERS: usize = 100;
+
 /// The HTTP/1 and HTTP/2 settings of client connections: header limits and the
 /// HTTP/1 header timeout (which also bounds an idle keep-alive connection).
 fn connection_builder(cfg: &crate::config::ServerConfig) -> auto::Builder<TokioExecutor> {
@@ -229,11 +232,15 @@ fn connection_builder(cfg: &crate::config::ServerConfig) -> auto::Builder<TokioE
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(cfg.header_read_timeout)
-        .max_headers(cfg.max_headers)
         // The read buffer bounds the header section (hyper answers 431 when
         // headers do not fit); 8 KiB is hyper's smallest.
         .max_buf_size(cfg.max_header_bytes.max(8192))
         .keep_alive(true);
+    // hyper parses into a stack array of its default size (100) unless told
+    // another count, when it fills a vector per request instead: tell it only then.
+    if cfg.max_headers != HYPER_DEFAULT_MAX_HEADERS {
+        builder.http1().max_headers(cfg.max_headers);
+    }
     builder
         .http2()
         .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX));
