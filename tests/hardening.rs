@@ -372,3 +372,32 @@ async fn ready_explains_a_worker_whose_models_cannot_be_discovered() {
     assert!(why.contains(&dead), "{why}");
     assert!(!why.contains("no model listed yet"), "{why}");
 }
+
+#[tokio::test]
+async fn the_admin_listener_has_the_same_limits_and_honest_401s() {
+    std::env::set_var("SWITCHYARD_HARDEN_ADMIN_TOKEN", "f3a9c1e07b5d4a2e9c8b");
+    let (up, _tx) = Scripted::start().await;
+    let gw = gateway(&format!(
+        "[server]\nheader_read_timeout_ms = 300\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SWITCHYARD_HARDEN_ADMIN_TOKEN\"\n{}",
+        pool_toml("scripted", &[up.url.as_str()], "")
+    ))
+    .await;
+    let admin = gw.admin_addr.expect("admin listener");
+    let mut silent = TcpStream::connect(admin).await.unwrap();
+    assert_eq!(read_to_close(&mut silent).await, "");
+    let workers = format!("http://{admin}/admin/workers");
+    let r = client().get(&workers).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let challenge = r.headers()["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(challenge.starts_with("Bearer"), "{challenge}");
+    let r = client()
+        .get(&workers)
+        .header("authorization", "bearer f3a9c1e07b5d4a2e9c8b")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}

@@ -16,7 +16,11 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Start the admin listener if the config has one; returns its address.
+/// Admin connections open at once: an operator's tools, not a crowd.
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+
+/// Start the admin listener if the config has one; returns its address. It has
+/// the client listener's header, idle and header-size limits, and its own cap.
 pub async fn spawn(gw: Arc<Gateway>) -> std::io::Result<Option<SocketAddr>> {
     let Some(admin) = gw.registry.config().admin.clone() else {
         return Ok(None);
@@ -26,12 +30,14 @@ pub async fn spawn(gw: Arc<Gateway>) -> std::io::Result<Option<SocketAddr>> {
     if !addr.ip().is_loopback() {
         tracing::warn!(%addr, "the admin API listens on a non-loopback address: anyone who can reach it needs only the token; prefer 127.0.0.1 and a tunnel");
     }
-    let app = router(gw);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "admin listener stopped");
-        }
-    });
+    let app = router(gw.clone());
+    let server = gw.registry.config().server.clone();
+    tokio::spawn(super::serve_internal(
+        listener,
+        app,
+        server,
+        MAX_ADMIN_CONNECTIONS,
+    ));
     Ok(Some(addr))
 }
 

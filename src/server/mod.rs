@@ -247,6 +247,58 @@ fn connection_builder(cfg: &crate::config::ServerConfig) -> auto::Builder<TokioE
     builder
 }
 
+/// Serve an internal listener (the admin API) with the client listener's
+/// connection limits and a cap of its own, until the process ends.
+pub(crate) async fn serve_internal(
+    listener: TcpListener,
+    app: Router,
+    cfg: crate::config::ServerConfig,
+    cap: usize,
+) {
+    use tower::ServiceExt;
+    let builder = connection_builder(&cfg);
+    let limits = HeaderLimits {
+        max_headers: cfg.max_headers,
+        max_header_bytes: cfg.max_header_bytes,
+    };
+    let timeouts = ConnTimeouts {
+        header: cfg.header_read_timeout,
+        idle: cfg.idle_timeout,
+    };
+    let permits = Arc::new(tokio::sync::Semaphore::new(cap));
+    // Never signalled: the internal listener lives as long as the process.
+    let (_never, stop) = tokio::sync::watch::channel(false);
+    loop {
+        let permit = permits.clone().acquire_owned().await.expect("never closed");
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let state = Arc::new(ConnState::default());
+        let (app, st) = (app.clone(), state.clone());
+        let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let (app, st) = (app.clone(), st.clone());
+            async move {
+                if let Err(e) = st.admit(&req, limits) {
+                    return Ok::<_, Infallible>(handlers::refuse(&e, req.headers()));
+                }
+                app.oneshot(req.map(axum::body::Body::new)).await
+            }
+        });
+        let io = TokioIo::new(Scanned::new(stream, state.clone()));
+        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            conn::drive(conn, &state, timeouts, stop).await;
+            drop(permit);
+        });
+    }
+}
+
 /// Accept connections until `shutdown` resolves, then drain.
 pub async fn serve(
     listener: TcpListener,
