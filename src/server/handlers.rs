@@ -241,11 +241,21 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
 
 /// A request refused before any handler ran (its headers broke a limit): an
 /// OpenAI-shaped error, counted, with the request id.
+/// Its body is left unread, so an HTTP/1 connection closes after the answer
+/// rather than reading the body as the next request.
 pub(super) fn refuse(e: &GatewayError, headers: &http::HeaderMap) -> Response {
     telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
     let mut resp: Response = e.to_response();
     resp.headers_mut()
         .insert(request_id::HEADER, request_id::get_or_make(headers));
+    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
+        || headers
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0");
+    if has_body {
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     resp
 }
 
