@@ -4,6 +4,7 @@
 use super::Gateway;
 use crate::api::ErrorBody;
 use crate::config::{normalize_worker_url, WorkerConfig};
+use crate::tenancy::bearer_token;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -94,16 +95,6 @@ async fn authenticate(State(gw): State<Arc<Gateway>>, req: Request, next: Next) 
             resp
         }
     }
-}
-
-/// The token of an `Authorization: Bearer TOKEN` value; the scheme name is
-/// case-insensitive (RFC 9110 §11.1).
-fn bearer_token(v: &[u8]) -> Option<&[u8]> {
-    let (scheme, rest) = v.split_at_checked(7)?;
-    scheme
-        .eq_ignore_ascii_case(b"bearer ")
-        .then(|| rest.trim_ascii())
-        .filter(|t| !t.is_empty())
 }
 
 #[derive(Serialize)]
@@ -243,18 +234,6 @@ async fn reload(State(gw): State<Arc<Gateway>>) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
-
-    #[test]
-    fn the_bearer_scheme_is_case_insensitive() {
-        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_token(b"bearer abc"), Some(&b"abc"[..]));
-        assert_eq!(bearer_token(b"BEARER  abc "), Some(&b"abc"[..]));
-        assert_eq!(bearer_token(b"Basic abc"), None);
-        assert_eq!(bearer_token(b"Bearer "), None);
-        assert_eq!(bearer_token(b"Bear"), None);
-    }
-
     #[test]
     fn token_comparison() {
         assert!(super::same(b"abcdefgh", b"abcdefgh"));

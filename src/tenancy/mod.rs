@@ -37,6 +37,16 @@ pub struct Tenancy {
     trust_header: bool,
 }
 
+/// The token of an `Authorization: Bearer TOKEN` value; the scheme name is
+/// case-insensitive (RFC 9110 §11.1).
+pub fn bearer_token(v: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = v.split_at_checked(7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| rest.trim_ascii())
+        .filter(|t| !t.is_empty())
+}
+
 /// A keyed 128-bit hash of an API key. The map holds only these, so a lookup's
 /// timing does not depend on how many leading bytes of a key match.
 fn key_hash(key: &[u8]) -> [u8; 16] {
@@ -78,11 +88,9 @@ impl Tenancy {
     pub fn resolve(&self, headers: &HeaderMap) -> Result<Tenant, Refused> {
         let key = headers
             .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        if let Some(k) = key.filter(|k| !k.is_empty()) {
-            if let Some(t) = self.by_key_hash.get(&key_hash(k.as_bytes())) {
+            .and_then(|v| bearer_token(v.as_bytes()));
+        if let Some(k) = key {
+            if let Some(t) = self.by_key_hash.get(&key_hash(k)) {
                 return Ok(t.clone());
             }
         }
@@ -192,6 +200,19 @@ mod tests {
             &*tenancy(true).resolve(&odd).unwrap().name,
             ANONYMOUS_TENANT
         );
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"BEARER  abc "), Some(&b"abc"[..]));
+        assert_eq!(bearer_token(b"Basic abc"), None);
+        assert_eq!(bearer_token(b"Bearer "), None);
+        assert_eq!(bearer_token(b"Bear"), None);
+        let t = tenancy(false);
+        let lower = headers(&[("authorization", "bearer sk-acme-123")]);
+        assert_eq!(&*t.resolve(&lower).unwrap().name, "acme");
     }
 
     #[test]
