@@ -1,20 +1,21 @@
 //! Switchyard: an L7 inference gateway for OpenAI-compatible engines.
 //!
-//! Layers, in request order: `server` (listener, limits, errors) → `api` (inspect the
-//! body) → `routing` (pick a worker from a `pool` snapshot) → `proxy` (forward,
-//! retry, observe) → `telemetry` (metrics). `config` is read by all and imports none.
+//! Layers, highest first: `server` (listeners, limits, handlers) → `proxy` (forward,
+//! retry, observe; P/D) → `routing` / `tenancy` → `pool` (workers, snapshot) →
+//! `upstream` (client) → `telemetry` → `config`, `api`, `runtime`. A layer uses
+//! only layers below it (`tests/layers.rs` checks; docs/architecture.md#layers).
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod cli;
 pub mod config;
-pub mod dashboard;
 pub mod demo;
-pub mod disagg;
 pub mod pool;
 pub mod proxy;
 pub mod routing;
+pub mod runtime;
 pub mod server;
 pub mod sim;
 pub mod telemetry;
 pub mod tenancy;
+pub mod upstream;

@@ -3,7 +3,7 @@
 
 use super::Registry;
 use crate::api::models::ModelList;
-use crate::proxy::UpstreamClient;
+use crate::upstream::UpstreamClient;
 use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::Duration;

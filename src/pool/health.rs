@@ -5,8 +5,8 @@
 
 use super::{Registry, Worker, WorkerState};
 use crate::config::HealthConfig;
-use crate::proxy::UpstreamClient;
 use crate::telemetry::names;
+use crate::upstream::UpstreamClient;
 use metrics::{counter, SharedString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};

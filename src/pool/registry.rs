@@ -5,9 +5,9 @@
 use super::admission::AdmissionQueue;
 use super::worker::{Worker, WorkerState};
 use crate::config::{Config, PolicyKind, PoolConfig, Residency, WorkerConfig};
-use crate::proxy::retry_budget::RetryBudget;
 use crate::routing::{self, Policy, PrefixIndex, SpillState, WeightedSplit};
 use crate::telemetry::{names, PairMetrics};
+use crate::upstream::retry_budget::RetryBudget;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
 use http::HeaderValue;

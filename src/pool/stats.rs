@@ -17,13 +17,13 @@
 //! routing pipeline scores it like the busiest fresh worker).
 
 use super::{Registry, Worker};
-use crate::proxy::UpstreamClient;
 use crate::telemetry;
+use crate::upstream::UpstreamClient;
 use http_body_util::{BodyExt, Limited};
 use rand::Rng;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -32,13 +32,8 @@ pub const MAX_METRICS_BYTES: usize = 4 * 1024 * 1024;
 /// How often the poller supervisor looks for added or removed workers.
 pub const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 
-/// Milliseconds on the gateway's monotonic clock (tokio's, so paused-time tests
-/// work). Starts at 1 so that 0 can mean "never".
-pub fn now_ms() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    let epoch = *EPOCH.get_or_init(Instant::now);
-    Instant::now().saturating_duration_since(epoch).as_millis() as u64 + 1
-}
+/// The gateway's millisecond clock, re-exported where the stats use it.
+pub use crate::runtime::clock::now_ms;
 
 /// What one scrape found; `None` where the engine did not say.
 #[derive(Clone, Debug, Default, PartialEq)]

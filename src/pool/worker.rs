@@ -82,6 +82,21 @@ impl Default for WorkerState {
 }
 
 impl Worker {
+    /// `healthy`, `ejected`, `draining` or `overloaded`: the state the admin API
+    /// and the dashboard show.
+    pub fn state_name(&self) -> &'static str {
+        let s = &self.state;
+        if !s.healthy.load(Ordering::Relaxed) {
+            "ejected"
+        } else if s.draining.load(Ordering::Relaxed) {
+            "draining"
+        } else if s.health.overloaded.load(Ordering::Relaxed) {
+            "overloaded"
+        } else {
+            "healthy"
+        }
+    }
+
     /// Build from a normalised URL (see `config::normalize_worker_url`).
     pub fn new(
         url: &str,

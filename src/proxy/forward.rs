@@ -1,7 +1,6 @@
 //! The forwarding phases for one request: select → prepare → send → on response.
 //! Retries go to a different worker, only while nothing has reached the client.
 
-use super::client::{origin_form, UpstreamBody, UpstreamClient};
 use super::error::GatewayError;
 use super::headers::{forwardable, stays_at_gateway, strip_hop_by_hop};
 use super::observe::{ObserveParams, ObservedBody};
@@ -14,6 +13,7 @@ use crate::telemetry;
 use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
 use crate::telemetry::RequestTags;
+use crate::upstream::{origin_form, UpstreamBody, UpstreamClient};
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
@@ -135,7 +135,7 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
             ) =>
         {
             // Boxed: its state would otherwise be part of every request's future.
-            Box::pin(crate::disagg::forward(&ctx, d)).await
+            Box::pin(super::disagg::forward(&ctx, d)).await
         }
         _ => forward_aggregated(&ctx).await,
     };

@@ -2,14 +2,13 @@
 //! the upstream request, forward, retry elsewhere while nothing has reached the
 //! client, then hand the response body to the observer.
 
-mod client;
+pub(crate) mod disagg;
 mod error;
 pub mod forward;
 mod headers;
 pub mod observe;
-pub mod retry_budget;
 
-pub use client::{UpstreamBody, UpstreamClient, UpstreamError};
+pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
 pub use error::GatewayError;
 pub use forward::{
     forward, ForwardContext, POLICY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER, SESSION_HEADER,

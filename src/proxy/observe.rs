@@ -170,7 +170,7 @@ impl Observer {
 
     fn on_end(&mut self) {
         // The answer is out: the client's next request may follow at once.
-        crate::server::busy_poll::touch();
+        crate::runtime::busy_poll::touch();
         if !self.p.sse {
             self.usage = self.tail.usage();
         } else if !self.line.is_empty() {

@@ -114,20 +114,6 @@ struct WorkerView {
     discovered_models: Vec<String>,
 }
 
-/// `healthy`, `ejected`, `draining` or `overloaded`.
-pub fn state_name(w: &crate::pool::Worker) -> &'static str {
-    let s = &w.state;
-    if !s.healthy.load(Ordering::Relaxed) {
-        "ejected"
-    } else if s.draining.load(Ordering::Relaxed) {
-        "draining"
-    } else if s.health.overloaded.load(Ordering::Relaxed) {
-        "overloaded"
-    } else {
-        "healthy"
-    }
-}
-
 async fn list(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
     let snap = gw.registry.snapshot();
     let mut out = Vec::new();
@@ -138,7 +124,7 @@ async fn list(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
                 url: w.id.to_string(),
                 pool: pool.name.to_string(),
                 labels: w.labels.clone(),
-                state: state_name(w),
+                state: w.state_name(),
                 healthy: s.healthy.load(Ordering::Relaxed),
                 draining: s.draining.load(Ordering::Relaxed),
                 overloaded: s.health.overloaded.load(Ordering::Relaxed),

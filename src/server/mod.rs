@@ -2,8 +2,8 @@
 //! and graceful shutdown. Everything model-specific is delegated to `proxy/`.
 
 pub mod admin;
-pub(crate) mod busy_poll;
 mod conn;
+pub mod dashboard;
 mod handlers;
 mod reload;
 mod request_id;
@@ -13,8 +13,8 @@ pub use reload::{spawn_reload_triggers, Reloader};
 
 use crate::config::Config;
 use crate::pool::{self, Registry};
-use crate::proxy::UpstreamClient;
 use crate::telemetry::{self, names};
+use crate::upstream::UpstreamClient;
 use axum::routing::{get, post};
 use axum::Router;
 use conn::{ConnState, ConnTimeouts, HeaderLimits, Scanned};
@@ -130,7 +130,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/health", get(handlers::health))
         .route("/ready", get(handlers::ready))
         .route("/metrics", get(handlers::metrics))
-        .merge(crate::dashboard::router(&gw))
+        .merge(dashboard::router(&gw))
         .fallback(handlers::fallback)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(gw)
@@ -156,7 +156,7 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
     type Future = ServiceFuture;
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
-        busy_poll::touch();
+        crate::runtime::busy_poll::touch();
         if let Err(e) = self.conn.admit(&req, self.limits) {
             let resp = handlers::refuse(&e, req.headers());
             return Box::pin(std::future::ready(Ok(resp)));

@@ -74,7 +74,7 @@ pub fn start(
                     if !busy_poll.is_zero() {
                         let spun =
                             metrics::counter!(crate::telemetry::names::BUSY_POLL_MICROSECONDS);
-                        tokio::spawn(super::busy_poll::run(busy_poll, spun));
+                        tokio::spawn(crate::runtime::busy_poll::run(busy_poll, spun));
                     }
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         Ok(l) => l,
@@ -113,7 +113,7 @@ async fn housekeeping() {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        crate::proxy::UpstreamClient::sweep_idle_connections();
+        crate::upstream::UpstreamClient::sweep_idle_connections();
     }
 }
 

@@ -797,7 +797,7 @@ impl Hub {
                             .get(REGION_LABEL_KEY)
                             .cloned()
                             .unwrap_or_else(|| UNKNOWN_REGION.into()),
-                        state: crate::server::admin::state_name(w),
+                        state: w.state_name(),
                         in_flight: w.in_flight(),
                         queue: s.queue,
                         running: s.running,
@@ -951,7 +951,7 @@ pub struct Signals {
 
 pub fn worker_signals(w: &Worker) -> Signals {
     let st = &w.state.stats;
-    let now = crate::pool::stats::now_ms();
+    let now = crate::runtime::clock::now_ms();
     match st.age_ms(now) {
         // Never scraped: only the gateway's own in-flight count is known.
         None => Signals {

@@ -88,7 +88,7 @@ pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> 
             0.0
         });
         let st = &w.state.stats;
-        let now = crate::pool::stats::now_ms();
+        let now = crate::runtime::clock::now_ms();
         let load = st.load(w.in_flight(), now, u64::MAX);
         gauge!(names::WORKER_QUEUE, names::L_WORKER => id.clone()).set(load.queue);
         gauge!(names::WORKER_WAITING, names::L_WORKER => id.clone())

@@ -4,7 +4,7 @@
 //! the ring buffer of per-second aggregates (bounded by
 //! `telemetry.dashboard_window_s`).
 
-use crate::server::Gateway;
+use super::Gateway;
 use crate::telemetry::hub::{FleetView, SecondAgg};
 use axum::extract::State;
 use axum::http::header;

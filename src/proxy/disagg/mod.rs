@@ -13,12 +13,12 @@
 //! a fresh pair before anything reaches the client. TTFT includes both legs because
 //! it is measured from the request's arrival.
 
-use crate::config::{DisaggConfig, DisaggMode};
-use crate::pool::{RequestSize, Role, Worker};
-use crate::proxy::forward::{
+use super::forward::{
     forward_aggregated, respond, retryable_status, send, ForwardContext, ROUTE_HEADER,
 };
-use crate::proxy::GatewayError;
+use super::GatewayError;
+use crate::config::{DisaggConfig, DisaggMode};
+use crate::pool::{RequestSize, Role, Worker};
 use crate::routing::{rendezvous, Reason};
 use crate::telemetry::names;
 use axum::body::Body;

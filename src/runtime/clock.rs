@@ -1,0 +1,13 @@
+//! The gateway's millisecond clock: one monotonic scale for stats ages, health
+//! and routing state, on tokio's clock so paused-time tests can move it.
+
+use std::sync::OnceLock;
+use tokio::time::Instant;
+
+/// Milliseconds on the gateway's monotonic clock (tokio's, so paused-time tests
+/// work). Starts at 1 so that 0 can mean "never".
+pub fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let epoch = *EPOCH.get_or_init(Instant::now);
+    Instant::now().saturating_duration_since(epoch).as_millis() as u64 + 1
+}
