@@ -33,8 +33,46 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
 /// Header selecting the queueing priority class (`high`, `normal`, `low`).
 pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-switchyard-priority");
-/// Debug header naming the chosen worker and the reason.
+/// Debug header naming the chosen worker, the policy and the reason (see [`RouteNote`]).
 pub const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-switchyard-route");
+
+/// What the `x-switchyard-route` debug header says, written only here:
+/// `<worker>; policy=<policy>; reason=<reason>[; prefill=<worker>][; est_cost_usd=<usd>]`.
+pub(crate) struct RouteNote<'a> {
+    /// The worker that answers, by index in the route.
+    pub index: usize,
+    /// The policy that chose it (an override the request asked for, if any).
+    pub policy: &'static str,
+    pub reason: Reason,
+    /// The prefill worker of a disaggregated request.
+    pub prefill: Option<&'a str>,
+    pub est_cost_usd: Option<f64>,
+}
+
+impl RouteNote<'_> {
+    /// Add the header to a response's headers when the gateway shows debug headers.
+    fn write_to(&self, ctx: &ForwardContext<'_>, headers: &mut http::HeaderMap) {
+        if !ctx.debug_headers {
+            return;
+        }
+        let mut v = format!(
+            "{}; policy={}; reason={}",
+            ctx.route.workers[self.index].id,
+            self.policy,
+            self.reason.as_str()
+        );
+        if let Some(p) = self.prefill {
+            v.push_str("; prefill=");
+            v.push_str(p);
+        }
+        if let Some(usd) = self.est_cost_usd {
+            v.push_str(&format!("; est_cost_usd={usd:.9}"));
+        }
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.insert(ROUTE_HEADER, v);
+        }
+    }
+}
 /// Request header naming a policy to use instead of the pool's (honoured only when
 /// the pool sets `allow_policy_override`).
 pub const POLICY_HEADER: HeaderName = HeaderName::from_static("x-switchyard-policy");
@@ -300,29 +338,14 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
                     telemetry::record_estimated_cost(&pool_label, usd);
                 }
                 // Phase: on response.
-                let mut out = respond(
-                    ctx,
-                    resp,
-                    decision.index,
-                    decision.reason,
-                    predicted,
-                    guard,
-                    deadline,
-                );
-                if ctx.debug_headers {
-                    let mut v = format!(
-                        "{}; policy={}; reason={}",
-                        worker.id,
-                        policy.name(),
-                        decision.reason.as_str()
-                    );
-                    if let Some(usd) = est_cost {
-                        v.push_str(&format!("; est_cost_usd={usd:.9}"));
-                    }
-                    if let Ok(v) = HeaderValue::from_str(&v) {
-                        out.headers_mut().insert(ROUTE_HEADER, v);
-                    }
-                }
+                let note = RouteNote {
+                    index: decision.index,
+                    policy: policy.name(),
+                    reason: decision.reason,
+                    prefill: None,
+                    est_cost_usd: est_cost,
+                };
+                let out = respond(ctx, resp, note, predicted, guard, deadline);
                 return Ok(out);
             }
             Err(err) => {
@@ -767,24 +790,25 @@ async fn send_prepared(
 pub(crate) fn respond(
     ctx: &ForwardContext<'_>,
     resp: Response<Incoming>,
-    idx: usize,
-    reason: Reason,
+    note: RouteNote<'_>,
     predicted: Option<u64>,
     guard: InFlightGuard,
     deadline: Instant,
 ) -> Response<Body> {
+    let idx = note.index;
     let worker = &ctx.route.workers[idx];
     // The response's tags: the route as finally taken, with the prefix index's
     // prediction so observe can compare it with the worker's `cached_tokens`.
     let route = ctx.tags.route(
         &ctx.route.pool.metrics.name,
         worker,
-        ctx.route.policy.name(),
-        reason.as_str(),
+        note.policy,
+        note.reason.as_str(),
         predicted,
     );
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
+    note.write_to(ctx, &mut parts.headers);
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)
@@ -805,11 +829,5 @@ pub(crate) fn respond(
             route,
         },
     );
-    if ctx.debug_headers {
-        if let Ok(v) = HeaderValue::from_str(&format!("{}; reason={}", worker.id, reason.as_str()))
-        {
-            parts.headers.insert(ROUTE_HEADER, v);
-        }
-    }
     Response::from_parts(parts, Body::new(observed))
 }

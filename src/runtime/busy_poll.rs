@@ -122,8 +122,10 @@ mod tests {
         // Activity wakes it: it spins again.
         let touched = Instant::now();
         touch();
+        // One turn proves it: a woken spinner takes at least one before it looks
+        // at the clock, however late the thread runs.
         until(Duration::from_secs(5), "spinning after touch", || {
-            turns() > before + 10
+            turns() > before
         })
         .await;
         // Then parks again, not before a whole window after the activity.

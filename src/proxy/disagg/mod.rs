@@ -14,7 +14,7 @@
 //! it is measured from the request's arrival.
 
 use super::forward::{
-    forward_aggregated, respond, retryable_status, send, ForwardContext, ROUTE_HEADER,
+    forward_aggregated, respond, retryable_status, send, ForwardContext, RouteNote,
 };
 use super::GatewayError;
 use crate::config::{DisaggConfig, DisaggMode};
@@ -23,7 +23,7 @@ use crate::routing::{rendezvous, Reason};
 use crate::telemetry::names;
 use axum::body::Body;
 use bytes::Bytes;
-use http::{HeaderValue, Response};
+use http::Response;
 use http_body_util::{BodyExt, Limited};
 use metrics::{counter, histogram, SharedString};
 use serde_json::{json, Map, Value};
@@ -249,15 +249,14 @@ async fn vllm(
             });
         }
         // The client's mistake (e.g. 400): show it the prefill worker's answer.
-        return Ok(respond(
-            ctx,
-            resp,
-            p,
-            Reason::Prefill,
-            None,
-            guard,
-            deadline,
-        ));
+        let note = RouteNote {
+            index: p,
+            policy: ctx.route.policy.name(),
+            reason: Reason::Prefill,
+            prefill: None,
+            est_cost_usd: None,
+        };
+        return Ok(respond(ctx, resp, note, None, guard, deadline));
     }
     let limit = cfg.max_prefill_response_bytes;
     let read =
@@ -319,13 +318,14 @@ async fn decode_leg(
         });
     }
     leg_seconds(&ctx.route.pool.name, "decode_first_byte", t1);
-    let mut out = respond(ctx, resp, d, Reason::Decode, None, guard, deadline);
-    if ctx.debug_headers {
-        if let Ok(v) = HeaderValue::from_str(&format!("{}; prefill={}", ws[d].id, ws[p].id)) {
-            out.headers_mut().insert(ROUTE_HEADER, v);
-        }
-    }
-    Ok(out)
+    let note = RouteNote {
+        index: d,
+        policy: ctx.route.policy.name(),
+        reason: Reason::Decode,
+        prefill: Some(&ws[p].id),
+        est_cost_usd: None,
+    };
+    Ok(respond(ctx, resp, note, None, guard, deadline))
 }
 
 async fn sglang(
