@@ -6,11 +6,8 @@ use super::headers::{forwardable, stays_at_gateway, strip_hop_by_hop};
 use super::observe::{ObserveParams, ObservedBody};
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
-use crate::pool::admission::{Priority, QueueError};
-use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Role, Worker};
-use crate::routing::{Decision, Policy, Reason, RouteRequest};
-use crate::telemetry;
-use crate::telemetry::names;
+use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Worker};
+use crate::routing::{Reason, RouteRequest};
 use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
 use crate::telemetry::RequestTags;
 use crate::upstream::{origin_form, UpstreamBody, UpstreamClient};
@@ -20,9 +17,6 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use metrics::counter;
-use metrics::SharedString;
-use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -164,7 +158,7 @@ pub struct ForwardContext<'a> {
 /// retryable failures (within the pool's retry budget), queueing when every
 /// eligible worker is at its concurrency limit, and return the observed response.
 /// Disaggregated pools go through `disagg::forward`, which may come back here.
-pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
+pub async fn forward(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
     let result = match &ctx.route.pool.config.disaggregation {
         Some(d)
             if matches!(
@@ -173,9 +167,9 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
             ) =>
         {
             // Boxed: its state would otherwise be part of every request's future.
-            Box::pin(super::disagg::forward(&ctx, d)).await
+            Box::pin(super::disagg::forward(ctx, d)).await
         }
-        _ => forward_aggregated(&ctx).await,
+        _ => super::attempts::forward_aggregated(ctx).await,
     };
     // Overhead: time to the response head not spent waiting on workers, the pool
     // queue or retry backoff.
@@ -184,200 +178,6 @@ pub async fn forward(ctx: ForwardContext<'_>) -> Result<Response<Body>, GatewayE
         .metrics
         .record_overhead(ctx.start.elapsed().saturating_sub(ctx.tags.waited()));
     result
-}
-
-/// The ordinary path: one worker does the whole request. In a disaggregated pool,
-/// prefill-only workers are not eligible.
-pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
-    let route = ctx.route;
-    let pool = &route.pool;
-    let skip_prefill = pool.config.disaggregation.is_some();
-    let rreq = ctx.route_request();
-    let deadline = ctx.deadline();
-    let pool_label = pool.metrics.name.clone();
-    let limit = pool.config.max_concurrency_per_worker;
-    // The pool's policy, or the one the request names when the pool allows it.
-    let policy = match ctx
-        .parts
-        .headers
-        .get(POLICY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|name| route.override_policy(name))
-    {
-        Some(p) => {
-            telemetry::record_policy_override(&pool_label, p.name());
-            p
-        }
-        None => &*route.policy,
-    };
-    // Workers tried so far: a few, kept inline.
-    let mut tried: SmallVec<[usize; 4]> = SmallVec::new();
-    let mut last_err: Option<GatewayError> = None;
-    // Failed attempts as `worker=outcome`, logged when the request fails (only
-    // allocated on failures).
-    let mut trail: Vec<String> = Vec::new();
-    let mut stop = "no_candidate";
-    let mut blame = Blame::new(route, ctx.health);
-    pool.retry_budget.on_request();
-    let eligible = |i: usize, tried: &[usize]| {
-        let w = &route.workers[i];
-        w.is_available()
-            && !tried.contains(&i)
-            && !(skip_prefill && w.role == Role::Prefill)
-            && ctx.allows(w)
-    };
-
-    let mut attempt = 0;
-    while attempt < pool.config.max_attempts {
-        // Phase: select (wait in the pool queue if every candidate is at its limit).
-        let accept =
-            |i: usize| eligible(i, &tried) && (limit == 0 || route.workers[i].in_flight() < limit);
-        // Only a trace span needs the time routing took.
-        let pick_start = ctx.tags.tracing().then(Instant::now);
-        let decision = match policy.pick(&rreq, &route.workers, &accept) {
-            Some(d) => d,
-            None => {
-                let saturated = limit > 0 && (0..route.workers.len()).any(|i| eligible(i, &tried));
-                match (&pool.queue, saturated) {
-                    (Some(q), true) => {
-                        let prio = Priority::parse(
-                            ctx.parts
-                                .headers
-                                .get(PRIORITY_HEADER)
-                                .and_then(|v| v.to_str().ok()),
-                        );
-                        let waited = Instant::now();
-                        let r = Box::pin(q.wait(prio, waited)).await;
-                        ctx.tags.add_waited(waited.elapsed());
-                        r.map_err(|e| match e {
-                            QueueError::Full => GatewayError::QueueFull(pool.name.to_string()),
-                            QueueError::Timeout => {
-                                GatewayError::QueueTimeout(pool.name.to_string())
-                            }
-                        })?;
-                        continue;
-                    }
-                    // Last resort for a retry: a worker already tried (not the one that
-                    // just failed) or cooling down after a 429 — better than failing a
-                    // request that another attempt could still save. Preferably one
-                    // that answered this request (a 5xx may not repeat) over one whose
-                    // connection broke or hung, and among those the one failing least
-                    // for everybody else right now.
-                    _ => match (attempt > 0)
-                        .then(|| {
-                            let ok = |i: usize| last_resort(route, i, &tried, skip_prefill, &rreq);
-                            let answered = |i: usize| ok(i) && !blame.broke(i);
-                            pick_fewest_failures(policy, &rreq, route, &answered)
-                                .or_else(|| pick_fewest_failures(policy, &rreq, route, &ok))
-                        })
-                        .flatten()
-                    {
-                        Some(d) => {
-                            counter!(names::LAST_RESORT_RETRIES_TOTAL, names::L_POOL => pool_label.clone())
-                                .increment(1);
-                            d
-                        }
-                        None => break,
-                    },
-                }
-            }
-        };
-        if attempt > 0 {
-            counter!(names::RETRIES_TOTAL, names::L_POOL => pool_label.clone()).increment(1);
-            let b = Instant::now();
-            Box::pin(backoff(pool.config.retry_backoff, attempt)).await;
-            ctx.tags.add_waited(b.elapsed());
-        }
-        attempt += 1;
-        pool.metrics
-            .record_decision(policy.name(), decision.reason.as_str());
-        // Before `record`, which teaches the index this request's blocks.
-        let predicted = policy.predicted_cached_tokens(&decision, &rreq);
-        policy.record(&decision, &rreq, &route.workers);
-        let est_cost = policy.estimate_cost(&decision, &rreq);
-        tried.push(decision.index);
-        let worker = &route.workers[decision.index];
-        if let Some(pick_start) = pick_start {
-            ctx.tags.child_span(
-                "switchyard.route",
-                SpanKind::Internal,
-                new_span_id(),
-                pick_start,
-                Instant::now(),
-                vec![
-                    ("switchyard.policy", policy.name().into()),
-                    ("switchyard.reason", decision.reason.as_str().into()),
-                    ("switchyard.worker", worker.id.as_ref().into()),
-                ],
-                false,
-            );
-        }
-        let size = ctx.size(predicted.unwrap_or(0));
-
-        // Phases: prepare and send.
-        let (result, failure) =
-            // Boxed: an attempt's state is a few KB, and Rust futures hold an awaited
-            // future's state inline (often twice), then are moved whole; boxing it
-            // keeps the request's future under 4 KB instead of over 20 KB.
-            Box::pin(send_attempt(ctx, decision.index, ctx.body.clone(), size, deadline)).await;
-        blame.record(decision.index, failure);
-        match result {
-            Ok((resp, guard)) => {
-                let status = resp.status();
-                if retryable_status(status) {
-                    trail.push(format!("{}={}", worker.id, status.as_u16()));
-                    match may_retry(route, &rreq, &tried, attempt, deadline, &pool_label) {
-                        Ok(()) => {
-                            tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
-                            continue;
-                        }
-                        Err(why) => log_failed(ctx, &trail, why),
-                    }
-                }
-                if let Some(usd) = est_cost {
-                    telemetry::record_estimated_cost(&pool_label, usd);
-                }
-                // Phase: on response.
-                let note = RouteNote {
-                    index: decision.index,
-                    policy: policy.name(),
-                    reason: decision.reason,
-                    prefill: None,
-                    est_cost_usd: est_cost,
-                };
-                let out = respond(ctx, resp, note, predicted, guard, deadline);
-                return Ok(out);
-            }
-            Err(err) => {
-                trail.push(format!("{}={}", worker.id, err.reason()));
-                let retry = err.retryable();
-                last_err = Some(err);
-                if !retry {
-                    stop = "not_retryable";
-                    break;
-                }
-                if let Err(why) = may_retry(route, &rreq, &tried, attempt, deadline, &pool_label) {
-                    stop = why;
-                    break;
-                }
-            }
-        }
-    }
-    log_failed(ctx, &trail, stop);
-    Err(last_err.unwrap_or_else(|| ctx.no_worker()))
-}
-
-/// One line per request that failed (or is passed a worker's error) after its
-/// attempts: which workers answered what, and why no further attempt was made
-/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`).
-fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
-    tracing::warn!(
-        request_id = ?ctx.request_id,
-        model = %ctx.route.model,
-        attempts = %trail.join(","),
-        stop,
-        "request failed"
-    );
 }
 
 /// Send `body` to `worker` with the client's (filtered) headers, bounded by the
@@ -416,14 +216,14 @@ pub(crate) enum Failure {
 impl Failure {
     /// Could the request itself cause this on any worker (a query of death, a
     /// per-key limit upstream, a fault the client asked for)?
-    fn may_be_the_requests(self) -> bool {
+    pub(super) fn may_be_the_requests(self) -> bool {
         self != Failure::Connect
     }
 }
 
 /// Count a failure against the worker: a 429 cooldown, or a failure towards
 /// passive ejection.
-fn charge(route: &ModelRoute, cfg: &HealthConfig, idx: usize, f: Failure) {
+pub(super) fn charge(route: &ModelRoute, cfg: &HealthConfig, idx: usize, f: Failure) {
     let w = &route.workers[idx];
     if f == Failure::Overloaded {
         health::on_overloaded(w, &route.workers, cfg);
@@ -433,67 +233,12 @@ fn charge(route: &ModelRoute, cfg: &HealthConfig, idx: usize, f: Failure) {
     }
 }
 
-/// Who is to blame for a request's failed attempts, settled when the request is
-/// done (dropped). If the request succeeded in the end, every failure was its
-/// worker's and is charged. If it failed, a failure seen on two or more workers
-/// (the same status, resets, timeouts, 429s) is taken as the request's own — a
-/// query of death, a per-key limit upstream, a fault the client asked for — and
-/// charged to none of them; the others are charged. Otherwise one such request
-/// retried over the pool ejects or cools down healthy workers one after the
-/// other and shrinks the pool for everybody else. Refused connections are always
-/// charged. The charge comes a few attempts late at most.
-struct Blame<'a> {
-    route: &'a ModelRoute,
-    cfg: &'a HealthConfig,
-    /// This request's failed attempts (allocated only on failures).
-    failures: Vec<(usize, Failure)>,
-    succeeded: bool,
-}
-
-impl<'a> Blame<'a> {
-    fn new(route: &'a ModelRoute, cfg: &'a HealthConfig) -> Self {
-        Blame {
-            route,
-            cfg,
-            failures: Vec::new(),
-            succeeded: false,
-        }
-    }
-
-    /// Attempt on worker `idx` ended with `failure` (`None`: it succeeded).
-    fn record(&mut self, idx: usize, failure: Option<Failure>) {
-        match failure {
-            Some(f) => self.failures.push((idx, f)),
-            None => self.succeeded = true,
-        }
-    }
-
-    /// Worker `idx`'s connection broke or hung on this request.
-    fn broke(&self, idx: usize) -> bool {
-        self.failures.iter().any(|&(i, f)| {
-            i == idx && matches!(f, Failure::Broken | Failure::Timeout | Failure::Connect)
-        })
-    }
-}
-
-impl Drop for Blame<'_> {
-    fn drop(&mut self) {
-        let mut own = false;
-        for &(i, f) in &self.failures {
-            let repeated = self.failures.iter().any(|&(j, g)| g == f && j != i);
-            if !self.succeeded && repeated && f.may_be_the_requests() {
-                own = true;
-            } else {
-                charge(self.route, self.cfg, i, f);
-            }
-        }
-        if own {
-            counter!(names::REQUEST_CAUSED_FAILURES_TOTAL,
-                names::L_POOL => SharedString::from(self.route.pool.name.clone()))
-            .increment(1);
-        }
-    }
-}
+/// An attempt's outcome: the response head (any status) with the worker's
+/// in-flight guard, or the error; and the failure, if any, for worker health.
+pub(crate) type Sent = (
+    Result<(Response<Incoming>, InFlightGuard), GatewayError>,
+    Option<Failure>,
+);
 
 /// One attempt: send, wait for the response head. Attempt metrics and a success
 /// are accounted here; a failure is returned for the caller to charge (or not).
@@ -503,10 +248,7 @@ pub(crate) async fn send_attempt(
     body: Bytes,
     size: RequestSize,
     deadline: Instant,
-) -> (
-    Result<(Response<Incoming>, InFlightGuard), GatewayError>,
-    Option<Failure>,
-) {
+) -> Sent {
     let route = ctx.route;
     let worker = &route.workers[idx];
     let metrics = &route.metrics[idx];
@@ -593,95 +335,10 @@ pub(crate) async fn send_attempt(
     (Err(err), Some(failure))
 }
 
-/// Another attempt is allowed: attempts left, time left, an untried worker able to
-/// take it, and the pool's retry budget has a retry to spend (checked last: it takes
-/// one). Otherwise, why not.
-fn may_retry(
-    route: &ModelRoute,
-    rreq: &RouteRequest<'_>,
-    tried: &[usize],
-    attempt: u32,
-    deadline: Instant,
-    pool_label: &SharedString,
-) -> Result<(), &'static str> {
-    let pool = &route.pool;
-    if attempt >= pool.config.max_attempts {
-        return Err("attempts");
-    }
-    if Instant::now() >= deadline {
-        return Err("deadline");
-    }
-    let skip_prefill = pool.config.disaggregation.is_some();
-    let candidate = (0..route.workers.len()).any(|i| {
-        (route.workers[i].is_available() && !tried.contains(&i) && rreq.allows(&route.workers[i]))
-            || last_resort(route, i, tried, skip_prefill, rreq)
-    });
-    if !candidate {
-        return Err("no_candidate");
-    }
-    if pool.retry_budget.try_retry() {
-        Ok(())
-    } else {
-        counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
-            .increment(1);
-        Err("budget")
-    }
-}
-
 /// A worker's answer that means "try another worker" (before anything reached the
 /// client) rather than "tell the client": 5xx and 429.
 pub(crate) fn retryable_status(s: http::StatusCode) -> bool {
     s.is_server_error() || s.as_u16() == 429
-}
-
-/// May worker `i` take a retry when no untried available worker is left? Not
-/// ejected or draining (a 429 cooldown is tolerated), not the worker that failed
-/// last, not prefill-only in a disaggregated pool, and allowed by the residency.
-fn last_resort(
-    route: &ModelRoute,
-    i: usize,
-    tried: &[usize],
-    skip_prefill: bool,
-    rreq: &RouteRequest<'_>,
-) -> bool {
-    let w = &route.workers[i];
-    w.state.healthy.load(Ordering::Relaxed)
-        && !w.state.draining.load(Ordering::Relaxed)
-        && tried.last() != Some(&i)
-        && !(skip_prefill && w.role == Role::Prefill)
-        && rreq.allows(w)
-}
-
-/// The policy's pick among the workers `ok` admits that have the fewest
-/// consecutive failures (as charged so far).
-fn pick_fewest_failures(
-    policy: &dyn Policy,
-    req: &RouteRequest<'_>,
-    route: &ModelRoute,
-    ok: &dyn Fn(usize) -> bool,
-) -> Option<Decision> {
-    let failures = |i: usize| {
-        route.workers[i]
-            .state
-            .health
-            .consecutive_failures
-            .load(Ordering::Relaxed)
-    };
-    let fewest = (0..route.workers.len())
-        .filter(|&i| ok(i))
-        .map(failures)
-        .min()?;
-    policy.pick(req, &route.workers, &|i| ok(i) && failures(i) == fewest)
-}
-
-/// Jittered exponential backoff before retry number `attempt` (1-based).
-async fn backoff(base: std::time::Duration, attempt: u32) {
-    if base.is_zero() {
-        return;
-    }
-    let cap = base.saturating_mul(1 << attempt.min(6));
-    let d = cap.mul_f64(rand::random::<f64>());
-    tokio::time::sleep(d).await;
 }
 
 fn attempt_result(status: u16) -> &'static str {

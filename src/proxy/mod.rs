@@ -2,14 +2,17 @@
 //! the upstream request, forward, retry elsewhere while nothing has reached the
 //! client, then hand the response body to the observer.
 
+mod attempts;
 pub(crate) mod disagg;
 mod error;
+mod fallback;
 pub mod forward;
 mod headers;
 pub mod observe;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
 pub use error::GatewayError;
+pub use fallback::forward_with_fallbacks;
 pub use forward::{
     forward, ForwardContext, POLICY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER, SESSION_HEADER,
 };

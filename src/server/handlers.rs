@@ -2,11 +2,13 @@
 
 use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelCard, models::ModelList, Endpoint};
+use crate::config::Residency;
+use crate::pool::{ModelRoute, Snapshot};
 use crate::proxy::{self, ForwardContext, GatewayError, SESSION_HEADER};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
-use crate::telemetry::{names, RequestTags};
+use crate::telemetry::RequestTags;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,7 +18,9 @@ use http_body_util::BodyExt;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-/// Any inference endpoint: read the body, inspect it, route and forward.
+/// Any inference endpoint, in phases: *admit* (tenant, residency, trace),
+/// *read* and inspect the body, *resolve* the model to a route, *forward* it
+/// (retries and the fallback chain in `proxy`), and *finish* an error once.
 ///
 /// Generic over the request body so the hot path can hand hyper's body over as it
 /// is, without boxing it into axum's.
@@ -28,174 +32,224 @@ where
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
-    let endpoint = Endpoint::from_path(parts.uri.path());
     let snap = gw.registry.snapshot();
-    let server = &snap.config.server;
-    // The route, once known, names the model for error metrics.
-    let mut known: Option<&Arc<crate::pool::ModelRoute>> = None;
-    // Admission: who is calling, and which trace this request belongs to.
-    let Ok(tenant) = gw.tenancy.load().resolve(&parts.headers) else {
-        return refuse(&GatewayError::TenantNeedsKey, &parts.headers);
+    let inbound = Inbound {
+        gw: &gw,
+        snap: &snap,
+        parts: &parts,
+        request_id: &request_id,
+        endpoint: Endpoint::from_path(parts.uri.path()),
+        start,
     };
-    // Where the request may be served: the tenant's residency, narrowed by the header.
-    let residency = request_residency(
-        &snap.config.global,
-        tenant.residency.as_ref(),
-        parts
-            .headers
-            .get(RESIDENCY_HEADER)
-            .map(|v| v.to_str().unwrap_or("\u{fffd}")),
-    );
-    let sample = snap
-        .config
-        .observability
-        .tracing
-        .as_ref()
-        .map(|t| t.sample_ratio);
-    let trace = TraceContext::from_headers(&parts.headers, sample);
-    // Shared with the response observer once a worker answers; until the first
-    // attempt nothing else holds it, so admission can still fill it in.
-    let mut tags = Arc::new(
-        gw.hub
-            .tags(snap.config.clone(), request_id.clone(), tenant, trace),
-    );
-    let result = async {
-        let body = read_body(body, &parts.headers, server.max_body_bytes);
-        let body = within(server.body_read_timeout, body).await?;
-        if let Some(t) = unshared(&mut tags) {
+    let (mut tags, residency) = match inbound.admit() {
+        Ok(admitted) => admitted,
+        Err(e) => return refuse(&e, &parts.headers),
+    };
+    // The route, once known, names the model for error metrics.
+    let mut known = None;
+    let result = inbound.serve(body, &mut tags, residency, &mut known).await;
+    let mut resp = match result {
+        Ok(r) => r,
+        Err(e) => inbound.finish_error(&e, &tags, known),
+    };
+    resp.headers_mut().insert(request_id::HEADER, request_id);
+    resp
+}
+
+/// One inference request on its way in: what every phase of [`proxy`] reads.
+struct Inbound<'a> {
+    gw: &'a Gateway,
+    snap: &'a Snapshot,
+    parts: &'a http::request::Parts,
+    request_id: &'a HeaderValue,
+    endpoint: Endpoint,
+    start: Instant,
+}
+
+/// The residency a request asked for, or the header value that named none.
+type AskedResidency = Result<Option<Residency>, String>;
+
+impl<'a> Inbound<'a> {
+    /// Phase: admit. Who is calling, where the request may be served (the
+    /// tenant's residency narrowed by the header; checked once a model needs
+    /// it) and which trace it belongs to: the request's tags.
+    fn admit(&self) -> Result<(Arc<RequestTags>, AskedResidency), GatewayError> {
+        let headers = &self.parts.headers;
+        let Ok(tenant) = self.gw.tenancy.load().resolve(headers) else {
+            return Err(GatewayError::TenantNeedsKey);
+        };
+        let config = &self.snap.config;
+        let residency = request_residency(
+            &config.global,
+            tenant.residency.as_ref(),
+            headers
+                .get(RESIDENCY_HEADER)
+                .map(|v| v.to_str().unwrap_or("\u{fffd}")),
+        );
+        let sample = config
+            .observability
+            .tracing
+            .as_ref()
+            .map(|t| t.sample_ratio);
+        let trace = TraceContext::from_headers(headers, sample);
+        // Shared with the response observer once a worker answers; until the first
+        // attempt nothing else holds it, so the later phases can still fill it in.
+        let tags = self
+            .gw
+            .hub
+            .tags(config.clone(), self.request_id.clone(), tenant, trace);
+        Ok((Arc::new(tags), residency))
+    }
+
+    /// Phases read, resolve and forward.
+    async fn serve<B>(
+        &self,
+        body: B,
+        tags: &mut Arc<RequestTags>,
+        residency: AskedResidency,
+        known: &mut Option<&'a Arc<ModelRoute>>,
+    ) -> Result<Response, GatewayError>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let (body, info) = self.read(body, tags).await?;
+        let residency = residency.map_err(|v| GatewayError::InvalidResidency {
+            value: v,
+            known: known_residencies(&self.snap.config.global),
+        })?;
+        let (route, body) = self.resolve(&info, body, residency.as_ref())?;
+        *known = Some(route);
+        if let Some(t) = unshared(tags) {
+            t.pool = Some(route.pool.metrics.name.clone());
+        }
+        self.admission_span(tags, info.model.as_deref().unwrap_or_default());
+        // Phase: forward, along the fallback chain.
+        let server = &self.snap.config.server;
+        let ctx = ForwardContext {
+            client: &self.gw.client,
+            route,
+            parts: self.parts,
+            body: proxy::rewrite_model(&body, route.pool.config.upstream_model.as_deref())?,
+            info: &info,
+            endpoint: self.endpoint,
+            request_id: self.request_id,
+            timeouts: server.timeouts,
+            health: &self.snap.config.health,
+            debug_headers: server.debug_headers,
+            start: self.start,
+            tags,
+            residency: residency.as_ref(),
+            global: &self.snap.config.global,
+        };
+        proxy::forward_with_fallbacks(ctx, self.snap, &body).await
+    }
+
+    /// Phase: read the body (bounded in size and time) and inspect it.
+    async fn read<B>(
+        &self,
+        body: B,
+        tags: &mut Arc<RequestTags>,
+    ) -> Result<(Bytes, api::RequestInfo), GatewayError>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let server = &self.snap.config.server;
+        let headers = &self.parts.headers;
+        let body = within(
+            server.body_read_timeout,
+            read_body(body, headers, server.max_body_bytes),
+        )
+        .await?;
+        if let Some(t) = unshared(tags) {
             t.request_bytes = body.len() as u64;
         }
-        let info = api::inspect(&body).map_err(|e| not_inspectable(e, &parts.headers))?;
-        if let Some(t) = unshared(&mut tags) {
+        let info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
+        if let Some(t) = unshared(tags) {
             t.stream = info.stream;
         }
+        Ok((body, info))
+    }
+
+    /// Phase: resolve the request's model (or split) to a route; a split
+    /// target gets the model name its pool serves written into the body.
+    fn resolve(
+        &self,
+        info: &api::RequestInfo,
+        body: Bytes,
+        residency: Option<&Residency>,
+    ) -> Result<(&'a Arc<ModelRoute>, Bytes), GatewayError> {
         let name = info
             .model
             .as_deref()
-            .ok_or(if endpoint == Endpoint::Other {
-                GatewayError::NotFound(api::error::echo(parts.uri.path()))
+            .ok_or(if self.endpoint == Endpoint::Other {
+                GatewayError::NotFound(api::error::echo(self.parts.uri.path()))
             } else {
                 GatewayError::MissingModel
             })?;
-        let residency = residency.as_ref().map_err(|v| GatewayError::InvalidResidency {
-            value: v.clone(),
-            known: known_residencies(&snap.config.global),
-        })?;
-        let session = parts
+        let session = self
+            .parts
             .headers
             .get(SESSION_HEADER)
             .and_then(|v| v.to_str().ok())
             .or(info.user.as_deref());
-        // A pool's model name, or a split resolved to one of its pools.
-        let resolved = snap
-            .resolve(name, session, residency.as_ref())
+        let resolved = self
+            .snap
+            .resolve(name, session, residency)
             .ok_or_else(|| GatewayError::UnknownModel(api::error::echo(name)))?;
         let route = resolved.route;
-        // A split target gets the model name its pool serves.
         let body = if resolved.split {
             proxy::rewrite_model(&body, Some(&route.model))?
         } else {
             body
         };
-        known = Some(route);
-        if let Some(t) = unshared(&mut tags) {
-            t.pool = Some(route.pool.metrics.name.clone());
-        }
-        if tags.tracing() {
-            let attrs = vec![
-                ("switchyard.tenant", (*tags.tenant.name).into()),
-                ("gen_ai.request.model", name.into()),
-            ];
-            tags.child_span(
-                "switchyard.admission",
-                SpanKind::Internal,
-                new_span_id(),
-                start,
-                Instant::now(),
-                attrs,
-                false,
-            );
-        }
-        // The route's pool first, then its fallback chain while nothing has reached
-        // the client and the failure is one another pool could fix.
-        let mut route = route;
-        let mut visited: Vec<&str> = Vec::new();
-        loop {
-            let result = proxy::forward(ForwardContext {
-                client: &gw.client,
-                route,
-                parts: &parts,
-                body: proxy::rewrite_model(&body, route.pool.config.upstream_model.as_deref())?,
-                info: &info,
-                endpoint,
-                request_id: &request_id,
-                timeouts: server.timeouts,
-                health: &snap.config.health,
-                debug_headers: server.debug_headers,
-                start,
-                tags: &tags,
-                residency: residency.as_ref(),
-                global: &snap.config.global,
-            })
-            .await;
-            let err = match result {
-                Err(e) if e.falls_back() => e,
-                other => return other,
-            };
-            visited.push(&route.pool.name);
-            // The next pool of the chain that has a worker in the request's residency
-            // (a pool entirely outside it is passed over, never tried).
-            let next = route
-                .pool
-                .config
-                .fallback
-                .iter()
-                .filter(|p| !visited.contains(&p.as_str()))
-                .filter_map(|p| snap.pool_route(p))
-                .find(|n| {
-                    let Some(r) = residency.as_ref() else {
-                        return true;
-                    };
-                    let inside = n.workers.iter().any(|w| r.regions.contains(w.region));
-                    if !inside {
-                        metrics::counter!(names::FALLBACKS_SKIPPED_TOTAL,
-                            names::L_POOL => metrics::SharedString::from(route.pool.name.clone()),
-                            names::L_TARGET => metrics::SharedString::from(n.pool.name.clone()))
-                        .increment(1);
-                    }
-                    inside
-                });
-            match next {
-                Some(n) => {
-                    tracing::info!(from = %route.pool.name, to = %n.pool.name, error = %err, "falling back");
-                    telemetry::record_fallback(&route.pool.name, &n.pool.name);
-                    route = n;
-                }
-                None => return Err(err),
-            }
-        }
+        Ok((route, body))
     }
-    .await;
-    let mut resp = match result {
-        Ok(r) => r,
-        Err(e) => {
-            // Only configured model names become labels; anything else is "none".
-            let known = known.map(|r| &*r.model);
-            telemetry::record_gateway_error(known, e.reason(), e.status().as_u16());
-            gw.hub.finish_error(
-                &tags,
-                known,
-                endpoint.as_str(),
-                e.status().as_u16(),
-                e.class(),
-                e.reason(),
-                start.elapsed(),
-            );
-            e.to_response()
+
+    /// The admission span of a traced request: from arrival to a route for the
+    /// model it asked for.
+    fn admission_span(&self, tags: &RequestTags, model: &str) {
+        if !tags.tracing() {
+            return;
         }
-    };
-    resp.headers_mut().insert(request_id::HEADER, request_id);
-    resp
+        let attrs = vec![
+            ("switchyard.tenant", (*tags.tenant.name).into()),
+            ("gen_ai.request.model", model.into()),
+        ];
+        tags.child_span(
+            "switchyard.admission",
+            SpanKind::Internal,
+            new_span_id(),
+            self.start,
+            Instant::now(),
+            attrs,
+            false,
+        );
+    }
+
+    /// Phase: finish a request that got no worker's answer: counted once, and
+    /// the error in OpenAI's shape.
+    fn finish_error(
+        &self,
+        e: &GatewayError,
+        tags: &RequestTags,
+        known: Option<&Arc<ModelRoute>>,
+    ) -> Response {
+        // Only configured model names become labels; anything else is "none".
+        let known = known.map(|r| &*r.model);
+        telemetry::record_gateway_error(known, e.reason(), e.status().as_u16());
+        self.gw.hub.finish_error(
+            tags,
+            known,
+            self.endpoint.as_str(),
+            e.status().as_u16(),
+            e.class(),
+            e.reason(),
+            self.start.elapsed(),
+        );
+        e.to_response()
+    }
 }
 
 /// Read the body within `limit`. The usual body is already in hand when its

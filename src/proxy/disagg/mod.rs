@@ -13,9 +13,8 @@
 //! a fresh pair before anything reaches the client. TTFT includes both legs because
 //! it is measured from the request's arrival.
 
-use super::forward::{
-    forward_aggregated, respond, retryable_status, send, ForwardContext, RouteNote,
-};
+use super::attempts::forward_aggregated;
+use super::forward::{respond, retryable_status, send, ForwardContext, RouteNote};
 use super::GatewayError;
 use crate::config::{DisaggConfig, DisaggMode};
 use crate::pool::{RequestSize, Role, Worker};

@@ -1,0 +1,486 @@
+//! The attempt machinery of one request on one pool, as named phases: *select*
+//! a worker (waiting in the pool queue when every candidate is at its limit; a
+//! last-resort worker for a retry), *begin* the attempt (retry accounting and
+//! backoff, the decision recorded), *send* it, and *settle* its outcome: answer,
+//! retry elsewhere while nothing reached the client and the budget allows, or
+//! stop. Who was to blame for failed attempts is settled when the request ends.
+
+use super::error::GatewayError;
+use super::forward::{
+    charge, respond, retryable_status, send_attempt, Failure, ForwardContext, RouteNote, Sent,
+    POLICY_HEADER, PRIORITY_HEADER,
+};
+use crate::config::HealthConfig;
+use crate::pool::admission::{Priority, QueueError};
+use crate::pool::{InFlightGuard, ModelRoute, Role};
+use crate::routing::{Decision, Policy, RouteRequest};
+use crate::telemetry;
+use crate::telemetry::names;
+use crate::telemetry::trace::{new_span_id, SpanKind};
+use axum::body::Body;
+use http::Response;
+use hyper::body::Incoming;
+use metrics::counter;
+use metrics::SharedString;
+use smallvec::SmallVec;
+use std::sync::atomic::Ordering;
+use tokio::time::Instant;
+
+/// Forward to a worker chosen by the route's policy, retrying elsewhere on
+/// retryable failures (within the pool's retry budget), queueing when every
+/// eligible worker is at its concurrency limit, and return the observed response.
+/// In a disaggregated pool, prefill-only workers are not eligible.
+pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
+    let mut run = Attempts::new(ctx);
+    while run.attempt < ctx.route.pool.config.max_attempts {
+        let Some(decision) = run.select().await? else {
+            break;
+        };
+        let pick = run.begin(&decision).await;
+        // Boxed: an attempt's state is a few KB, and Rust futures hold an awaited
+        // future's state inline (often twice), then are moved whole; boxing it
+        // keeps the request's future under 4 KB instead of over 20 KB.
+        let sent = Box::pin(send_attempt(
+            ctx,
+            decision.index,
+            ctx.body.clone(),
+            pick.size,
+            run.deadline,
+        ))
+        .await;
+        match run.settle(&decision, sent) {
+            Settled::Answer(resp, guard) => return Ok(run.answer(&decision, &pick, resp, guard)),
+            Settled::Retry => continue,
+            Settled::Stop => break,
+        }
+    }
+    Err(run.fail())
+}
+
+/// What an attempt's outcome means for the request.
+enum Settled {
+    Answer(Response<Incoming>, InFlightGuard),
+    Retry,
+    Stop,
+}
+
+/// What `begin` learned about the chosen worker for the rest of the attempt.
+struct Pick {
+    predicted: Option<u64>,
+    est_cost: Option<f64>,
+    size: crate::pool::RequestSize,
+}
+
+/// One request's attempts on one pool.
+struct Attempts<'c, 'a> {
+    ctx: &'c ForwardContext<'a>,
+    /// The pool's policy, or the one the request names when the pool allows it.
+    policy: &'c dyn Policy,
+    rreq: RouteRequest<'c>,
+    deadline: Instant,
+    pool_label: SharedString,
+    /// Workers tried so far: a few, kept inline.
+    tried: SmallVec<[usize; 4]>,
+    attempt: u32,
+    last_err: Option<GatewayError>,
+    /// Failed attempts as `worker=outcome`, logged when the request fails (only
+    /// allocated on failures).
+    trail: Vec<String>,
+    stop: &'static str,
+    blame: Blame<'c>,
+    /// When the current pick started (only a trace span needs it).
+    pick_start: Option<Instant>,
+}
+
+impl<'c, 'a> Attempts<'c, 'a> {
+    fn new(ctx: &'c ForwardContext<'a>) -> Self {
+        let route = ctx.route;
+        let pool_label = route.pool.metrics.name.clone();
+        let policy = match ctx
+            .parts
+            .headers
+            .get(POLICY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|name| route.override_policy(name))
+        {
+            Some(p) => {
+                telemetry::record_policy_override(&pool_label, p.name());
+                p
+            }
+            None => &*route.policy,
+        };
+        route.pool.retry_budget.on_request();
+        Attempts {
+            ctx,
+            policy,
+            rreq: ctx.route_request(),
+            deadline: ctx.deadline(),
+            pool_label,
+            tried: SmallVec::new(),
+            attempt: 0,
+            last_err: None,
+            trail: Vec::new(),
+            stop: "no_candidate",
+            blame: Blame::new(route, ctx.health),
+            pick_start: None,
+        }
+    }
+
+    /// Worker `i` may take this request now: available, not tried, not
+    /// prefill-only in a disaggregated pool, inside the residency.
+    fn eligible(&self, i: usize) -> bool {
+        let w = &self.ctx.route.workers[i];
+        w.is_available()
+            && !self.tried.contains(&i)
+            && !(self.skip_prefill() && w.role == Role::Prefill)
+            && self.ctx.allows(w)
+    }
+
+    fn skip_prefill(&self) -> bool {
+        self.ctx.route.pool.config.disaggregation.is_some()
+    }
+
+    /// Phase: select. The policy's pick among eligible workers under their
+    /// concurrency limit; if every eligible one is at its limit, wait in the
+    /// pool's queue and pick again; on a retry with nobody left, a last-resort
+    /// worker. `None`: no worker can take the request.
+    async fn select(&mut self) -> Result<Option<Decision>, GatewayError> {
+        let route = self.ctx.route;
+        let limit = route.pool.config.max_concurrency_per_worker;
+        loop {
+            self.pick_start = self.ctx.tags.tracing().then(Instant::now);
+            let accept =
+                |i: usize| self.eligible(i) && (limit == 0 || route.workers[i].in_flight() < limit);
+            if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
+                return Ok(Some(d));
+            }
+            let saturated = limit > 0 && (0..route.workers.len()).any(|i| self.eligible(i));
+            match (&route.pool.queue, saturated) {
+                (Some(q), true) => {
+                    let prio = Priority::parse(
+                        self.ctx
+                            .parts
+                            .headers
+                            .get(PRIORITY_HEADER)
+                            .and_then(|v| v.to_str().ok()),
+                    );
+                    let waited = Instant::now();
+                    let r = Box::pin(q.wait(prio, waited)).await;
+                    self.ctx.tags.add_waited(waited.elapsed());
+                    r.map_err(|e| match e {
+                        QueueError::Full => GatewayError::QueueFull(route.pool.name.to_string()),
+                        QueueError::Timeout => {
+                            GatewayError::QueueTimeout(route.pool.name.to_string())
+                        }
+                    })?;
+                }
+                _ => return Ok(self.last_resort()),
+            }
+        }
+    }
+
+    /// Last resort for a retry: a worker already tried (not the one that just
+    /// failed) or cooling down after a 429 — better than failing a request that
+    /// another attempt could still save. Preferably one that answered this
+    /// request (a 5xx may not repeat) over one whose connection broke or hung,
+    /// and among those the one failing least for everybody else right now.
+    fn last_resort(&self) -> Option<Decision> {
+        if self.attempt == 0 {
+            return None;
+        }
+        let route = self.ctx.route;
+        let ok = |i: usize| last_resort(route, i, &self.tried, self.skip_prefill(), &self.rreq);
+        let answered = |i: usize| ok(i) && !self.blame.broke(i);
+        let d = pick_fewest_failures(self.policy, &self.rreq, route, &answered)
+            .or_else(|| pick_fewest_failures(self.policy, &self.rreq, route, &ok))?;
+        counter!(names::LAST_RESORT_RETRIES_TOTAL, names::L_POOL => self.pool_label.clone())
+            .increment(1);
+        Some(d)
+    }
+
+    /// Phase: begin an attempt on the chosen worker. A retry is counted and
+    /// backs off first; the decision is recorded (and taught to the policy).
+    async fn begin(&mut self, decision: &Decision) -> Pick {
+        let ctx = self.ctx;
+        let policy = self.policy;
+        if self.attempt > 0 {
+            counter!(names::RETRIES_TOTAL, names::L_POOL => self.pool_label.clone()).increment(1);
+            let b = Instant::now();
+            Box::pin(backoff(ctx.route.pool.config.retry_backoff, self.attempt)).await;
+            ctx.tags.add_waited(b.elapsed());
+        }
+        self.attempt += 1;
+        ctx.route
+            .pool
+            .metrics
+            .record_decision(policy.name(), decision.reason.as_str());
+        // Before `record`, which teaches the index this request's blocks.
+        let predicted = policy.predicted_cached_tokens(decision, &self.rreq);
+        policy.record(decision, &self.rreq, &ctx.route.workers);
+        let est_cost = policy.estimate_cost(decision, &self.rreq);
+        self.tried.push(decision.index);
+        if let Some(pick_start) = self.pick_start {
+            ctx.tags.child_span(
+                "switchyard.route",
+                SpanKind::Internal,
+                new_span_id(),
+                pick_start,
+                Instant::now(),
+                vec![
+                    ("switchyard.policy", policy.name().into()),
+                    ("switchyard.reason", decision.reason.as_str().into()),
+                    (
+                        "switchyard.worker",
+                        ctx.route.workers[decision.index].id.as_ref().into(),
+                    ),
+                ],
+                false,
+            );
+        }
+        Pick {
+            predicted,
+            est_cost,
+            size: ctx.size(predicted.unwrap_or(0)),
+        }
+    }
+
+    /// Phase: settle an attempt's outcome. A response is the answer unless its
+    /// status is worth a retry that is still allowed; an error retries when it
+    /// is retryable and allowed, else stops the request.
+    fn settle(&mut self, decision: &Decision, (result, failure): Sent) -> Settled {
+        self.blame.record(decision.index, failure);
+        let worker = &self.ctx.route.workers[decision.index];
+        match result {
+            Ok((resp, guard)) => {
+                let status = resp.status();
+                if retryable_status(status) {
+                    self.trail
+                        .push(format!("{}={}", worker.id, status.as_u16()));
+                    match self.may_retry() {
+                        Ok(()) => {
+                            tracing::debug!(worker = %worker.id, %status, "retrying on another worker");
+                            return Settled::Retry;
+                        }
+                        Err(why) => log_failed(self.ctx, &self.trail, why),
+                    }
+                }
+                Settled::Answer(resp, guard)
+            }
+            Err(err) => {
+                self.trail.push(format!("{}={}", worker.id, err.reason()));
+                let retry = err.retryable();
+                self.last_err = Some(err);
+                if !retry {
+                    self.stop = "not_retryable";
+                    return Settled::Stop;
+                }
+                match self.may_retry() {
+                    Ok(()) => Settled::Retry,
+                    Err(why) => {
+                        self.stop = why;
+                        Settled::Stop
+                    }
+                }
+            }
+        }
+    }
+
+    /// Phase: on response. The worker's answer goes to the client, observed.
+    fn answer(
+        &self,
+        decision: &Decision,
+        pick: &Pick,
+        resp: Response<Incoming>,
+        guard: InFlightGuard,
+    ) -> Response<Body> {
+        if let Some(usd) = pick.est_cost {
+            telemetry::record_estimated_cost(&self.pool_label, usd);
+        }
+        let note = RouteNote {
+            index: decision.index,
+            policy: self.policy.name(),
+            reason: decision.reason,
+            prefill: None,
+            est_cost_usd: pick.est_cost,
+        };
+        respond(self.ctx, resp, note, pick.predicted, guard, self.deadline)
+    }
+
+    fn may_retry(&self) -> Result<(), &'static str> {
+        may_retry(
+            self.ctx.route,
+            &self.rreq,
+            &self.tried,
+            self.attempt,
+            self.deadline,
+            &self.pool_label,
+        )
+    }
+
+    /// No answer: log the attempts and return the last error (or why no worker
+    /// could take the request).
+    fn fail(mut self) -> GatewayError {
+        log_failed(self.ctx, &self.trail, self.stop);
+        self.last_err.take().unwrap_or_else(|| self.ctx.no_worker())
+    }
+}
+
+/// One line per request that failed (or is passed a worker's error) after its
+/// attempts: which workers answered what, and why no further attempt was made
+/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`).
+fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
+    tracing::warn!(
+        request_id = ?ctx.request_id,
+        model = %ctx.route.model,
+        attempts = %trail.join(","),
+        stop,
+        "request failed"
+    );
+}
+
+/// Who is to blame for a request's failed attempts, settled when the request is
+/// done (dropped). If the request succeeded in the end, every failure was its
+/// worker's and is charged. If it failed, a failure seen on two or more workers
+/// (the same status, resets, timeouts, 429s) is taken as the request's own — a
+/// query of death, a per-key limit upstream, a fault the client asked for — and
+/// charged to none of them; the others are charged. Otherwise one such request
+/// retried over the pool ejects or cools down healthy workers one after the
+/// other and shrinks the pool for everybody else. Refused connections are always
+/// charged. The charge comes a few attempts late at most.
+struct Blame<'a> {
+    route: &'a ModelRoute,
+    cfg: &'a HealthConfig,
+    /// This request's failed attempts (allocated only on failures).
+    failures: Vec<(usize, Failure)>,
+    succeeded: bool,
+}
+
+impl<'a> Blame<'a> {
+    fn new(route: &'a ModelRoute, cfg: &'a HealthConfig) -> Self {
+        Blame {
+            route,
+            cfg,
+            failures: Vec::new(),
+            succeeded: false,
+        }
+    }
+
+    /// Attempt on worker `idx` ended with `failure` (`None`: it succeeded).
+    fn record(&mut self, idx: usize, failure: Option<Failure>) {
+        match failure {
+            Some(f) => self.failures.push((idx, f)),
+            None => self.succeeded = true,
+        }
+    }
+
+    /// Worker `idx`'s connection broke or hung on this request.
+    fn broke(&self, idx: usize) -> bool {
+        self.failures.iter().any(|&(i, f)| {
+            i == idx && matches!(f, Failure::Broken | Failure::Timeout | Failure::Connect)
+        })
+    }
+}
+
+impl Drop for Blame<'_> {
+    fn drop(&mut self) {
+        let mut own = false;
+        for &(i, f) in &self.failures {
+            let repeated = self.failures.iter().any(|&(j, g)| g == f && j != i);
+            if !self.succeeded && repeated && f.may_be_the_requests() {
+                own = true;
+            } else {
+                charge(self.route, self.cfg, i, f);
+            }
+        }
+        if own {
+            counter!(names::REQUEST_CAUSED_FAILURES_TOTAL,
+                names::L_POOL => SharedString::from(self.route.pool.name.clone()))
+            .increment(1);
+        }
+    }
+}
+
+/// Another attempt is allowed: attempts left, time left, an untried worker able to
+/// take it, and the pool's retry budget has a retry to spend (checked last: it takes
+/// one). Otherwise, why not.
+fn may_retry(
+    route: &ModelRoute,
+    rreq: &RouteRequest<'_>,
+    tried: &[usize],
+    attempt: u32,
+    deadline: Instant,
+    pool_label: &SharedString,
+) -> Result<(), &'static str> {
+    let pool = &route.pool;
+    if attempt >= pool.config.max_attempts {
+        return Err("attempts");
+    }
+    if Instant::now() >= deadline {
+        return Err("deadline");
+    }
+    let skip_prefill = pool.config.disaggregation.is_some();
+    let candidate = (0..route.workers.len()).any(|i| {
+        (route.workers[i].is_available() && !tried.contains(&i) && rreq.allows(&route.workers[i]))
+            || last_resort(route, i, tried, skip_prefill, rreq)
+    });
+    if !candidate {
+        return Err("no_candidate");
+    }
+    if pool.retry_budget.try_retry() {
+        Ok(())
+    } else {
+        counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool_label.clone())
+            .increment(1);
+        Err("budget")
+    }
+}
+
+/// May worker `i` take a retry when no untried available worker is left? Not
+/// ejected or draining (a 429 cooldown is tolerated), not the worker that failed
+/// last, not prefill-only in a disaggregated pool, and allowed by the residency.
+fn last_resort(
+    route: &ModelRoute,
+    i: usize,
+    tried: &[usize],
+    skip_prefill: bool,
+    rreq: &RouteRequest<'_>,
+) -> bool {
+    let w = &route.workers[i];
+    w.state.healthy.load(Ordering::Relaxed)
+        && !w.state.draining.load(Ordering::Relaxed)
+        && tried.last() != Some(&i)
+        && !(skip_prefill && w.role == Role::Prefill)
+        && rreq.allows(w)
+}
+
+/// The policy's pick among the workers `ok` admits that have the fewest
+/// consecutive failures (as charged so far).
+fn pick_fewest_failures(
+    policy: &dyn Policy,
+    req: &RouteRequest<'_>,
+    route: &ModelRoute,
+    ok: &dyn Fn(usize) -> bool,
+) -> Option<Decision> {
+    let failures = |i: usize| {
+        route.workers[i]
+            .state
+            .health
+            .consecutive_failures
+            .load(Ordering::Relaxed)
+    };
+    let fewest = (0..route.workers.len())
+        .filter(|&i| ok(i))
+        .map(failures)
+        .min()?;
+    policy.pick(req, &route.workers, &|i| ok(i) && failures(i) == fewest)
+}
+
+/// Jittered exponential backoff before retry number `attempt` (1-based).
+async fn backoff(base: std::time::Duration, attempt: u32) {
+    if base.is_zero() {
+        return;
+    }
+    let cap = base.saturating_mul(1 << attempt.min(6));
+    let d = cap.mul_f64(rand::random::<f64>());
+    tokio::time::sleep(d).await;
+}
