@@ -321,6 +321,24 @@ struct TickState {
     last_tick: Option<Instant>,
 }
 
+/// Kinds of the cache-prediction counters besides the prediction results.
+const PREDICTED: &str = "predicted";
+const ACTUAL: &str = "actual";
+
+/// The counter behind a (pool, kind) cache-prediction key: predicted or actual
+/// cached tokens, or a prediction's result.
+fn cache_counter((pool, kind): &super::PoolKindKey) -> metrics::Counter {
+    match *kind {
+        PREDICTED => counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone()),
+        ACTUAL => counter!(names::CACHE_ACTUAL_TOKENS_TOTAL, names::L_POOL => pool.clone()),
+        result => counter!(
+            names::CACHE_PREDICTIONS_TOTAL,
+            names::L_POOL => pool.clone(),
+            names::L_RESULT => result
+        ),
+    }
+}
+
 pub struct Hub {
     pub tenants: BoundedLabels,
     pub regions: BoundedLabels,
@@ -331,6 +349,8 @@ pub struct Hub {
     /// Cost so far (nano-USD) by (model, region, tenant).
     costs: FastMap<(SharedString, SharedString, SharedString), AtomicU64>,
     cache: FastMap<SharedString, CacheAcc>,
+    /// The cache-prediction counters per (pool, kind), through per-thread handles.
+    cache_counts: super::CounterCache<super::PoolKindKey>,
     workers: FastMap<Arc<str>, Arc<WorkerAcc>>,
     /// Processed tokens (uncached prompt + output) per worker, per thread.
     worker_tokens: LocalMap<LocalCount>,
@@ -354,6 +374,7 @@ impl Hub {
             second: ThreadLocal::new(),
             costs: FastMap::default(),
             cache: FastMap::default(),
+            cache_counts: Default::default(),
             workers: FastMap::default(),
             worker_tokens: LocalMap::default(),
             pool_ttft: LocalMap::default(),
@@ -500,22 +521,16 @@ impl Hub {
         // Predicted vs actual cache hits.
         if let (Some(pred), Some(_)) = (route.predicted_cached_tokens, m.prompt_tokens) {
             let actual = toks.cached;
-            counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone())
-                .increment(pred);
-            counter!(names::CACHE_ACTUAL_TOKENS_TOTAL, names::L_POOL => pool.clone())
-                .increment(actual);
             let result = match (pred > 0, actual > 0) {
                 (true, true) => "hit",
                 (true, false) => "false_hit",
                 (false, true) => "missed_hit",
                 (false, false) => "miss",
             };
-            counter!(
-                names::CACHE_PREDICTIONS_TOTAL,
-                names::L_POOL => pool.clone(),
-                names::L_RESULT => result
-            )
-            .increment(1);
+            for (kind, n) in [(PREDICTED, pred), (ACTUAL, actual), (result, 1)] {
+                self.cache_counts
+                    .increment(&Borrowed((pool, kind)), n, cache_counter);
+            }
             let acc = self.cache.entry(pool.clone()).or_default();
             acc.predicted.fetch_add(pred, Ordering::Relaxed);
             acc.actual.fetch_add(actual, Ordering::Relaxed);

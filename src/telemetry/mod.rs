@@ -343,6 +343,21 @@ impl hashbrown::Equivalent<TokensKey> for Borrowed<TokensRef<'_>> {
     }
 }
 
+/// A per-pool counter's key: the pool and what is counted.
+pub type PoolKindKey = (SharedString, &'static str);
+
+impl hashbrown::Equivalent<PoolKindKey> for Borrowed<(&SharedString, &'static str)> {
+    fn equivalent(&self, k: &PoolKindKey) -> bool {
+        (self.0 .0, self.0 .1) == (&k.0, k.1)
+    }
+}
+
+impl CacheKey<PoolKindKey> for Borrowed<(&SharedString, &'static str)> {
+    fn to_key(&self) -> PoolKindKey {
+        (self.0 .0.clone(), self.0 .1)
+    }
+}
+
 impl CacheKey<TokensKey> for Borrowed<TokensRef<'_>> {
     fn to_key(&self) -> TokensKey {
         let b = &self.0;
