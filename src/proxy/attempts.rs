@@ -476,7 +476,7 @@ fn pick_fewest_failures(
 }
 
 /// Jittered exponential backoff before retry number `attempt` (1-based).
-async fn backoff(base: std::time::Duration, attempt: u32) {
+pub(super) async fn backoff(base: std::time::Duration, attempt: u32) {
     if base.is_zero() {
         return;
     }

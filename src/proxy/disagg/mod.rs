@@ -13,7 +13,7 @@
 //! a fresh pair before anything reaches the client. TTFT includes both legs because
 //! it is measured from the request's arrival.
 
-use super::attempts::forward_aggregated;
+use super::attempts::{backoff, forward_aggregated};
 use super::forward::{respond, retryable_status, send, ForwardContext, RouteNote};
 use super::GatewayError;
 use crate::config::{DisaggConfig, DisaggMode};
@@ -89,10 +89,21 @@ pub async fn forward(
     let mut tried_decode: Vec<usize> = Vec::new();
     let mut last_err = None;
     for attempt in 0..ctx.route.pool.config.max_attempts {
-        if attempt > 0 && !ctx.route.pool.retry_budget.try_retry() {
-            counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool.clone())
-                .increment(1);
-            break;
+        // A retry, as in the aggregated path: within the deadline and the retry
+        // budget, counted, after a jittered backoff.
+        if attempt > 0 {
+            if Instant::now() >= ctx.deadline() {
+                break;
+            }
+            if !ctx.route.pool.retry_budget.try_retry() {
+                counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool.clone())
+                    .increment(1);
+                break;
+            }
+            counter!(names::RETRIES_TOTAL, names::L_POOL => pool.clone()).increment(1);
+            let b = Instant::now();
+            Box::pin(backoff(ctx.route.pool.config.retry_backoff, attempt)).await;
+            ctx.tags.add_waited(b.elapsed());
         }
         let Some(p) = pick_prefill(ctx, &tried_prefill) else {
             break;
