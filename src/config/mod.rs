@@ -10,9 +10,11 @@ pub mod observability;
 mod problems;
 mod raw;
 mod read;
+mod secret;
 
 use problems::Problems;
 pub use problems::Secrets;
+pub use secret::Secret;
 
 pub use raw::{
     RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,
@@ -443,7 +445,7 @@ pub struct HealthConfig {
 #[derive(Clone, Debug)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
-    pub token: String,
+    pub token: Secret,
 }
 
 /// How a disaggregated pool hands a request from prefill to decode.
@@ -547,7 +549,7 @@ pub struct PoolConfig {
     /// Headers kept at the gateway by default to forward anyway (lower case).
     pub forward_headers: Vec<String>,
     /// Bearer token injected upstream (value resolved from the named env var).
-    pub upstream_api_key: Option<String>,
+    pub upstream_api_key: Option<Secret>,
     pub workers: Vec<WorkerConfig>,
     /// Policy and stats settings (`[pools.routing]`).
     pub routing: RoutingConfig,
@@ -1326,7 +1328,7 @@ fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<AdminConfig> {
         return None;
     };
     let token = p.secret("admin.token_env", &var)?;
-    if let Some(why) = weak_token(&token) {
+    if let Some(why) = weak_token(token.expose()) {
         p.push(format!("admin.token_env: the token in `{var}` {why}"));
         return None;
     }
@@ -1361,6 +1363,50 @@ mod tests {
         )
         .is_some());
         assert!(weak_token("3f9c1a7e52b04d6e8a1f").is_none());
+    }
+
+    #[test]
+    fn debug_of_a_config_shows_no_secret() {
+        let vars = [
+            (
+                "SWITCHYARD_TEST_DEBUG_ADMIN_TOKEN",
+                "adm-3f9c1a7e52b04d6e8a1f",
+            ),
+            ("SWITCHYARD_TEST_DEBUG_TENANT_KEY", "sk-tenant-8a1f3f9c1a7e"),
+            ("SWITCHYARD_TEST_DEBUG_UPSTREAM_KEY", "sk-upstream-52b04d6e"),
+        ];
+        for (var, value) in vars {
+            std::env::set_var(var, value);
+        }
+        let c = check(
+            r#"
+            [admin]
+            listen = "127.0.0.1:9001"
+            token_env = "SWITCHYARD_TEST_DEBUG_ADMIN_TOKEN"
+            [[tenants]]
+            name = "acme"
+            api_key_env = "SWITCHYARD_TEST_DEBUG_TENANT_KEY"
+            [[pools]]
+            models = ["m"]
+            upstream_api_key_env = "SWITCHYARD_TEST_DEBUG_UPSTREAM_KEY"
+            workers = [{ url = "http://h:1" }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.admin.as_ref().unwrap().token.expose(), vars[0].1);
+        assert_eq!(c.tenancy.tenants[0].api_key.expose(), vars[1].1);
+        let upstream = c.pools[0].upstream_api_key.as_ref().unwrap();
+        assert_eq!(upstream.expose(), vars[2].1);
+        for shown in [
+            format!("{c:?}"),
+            format!("{c:#?}"),
+            format!("{:?}", c.tenancy.tenants),
+        ] {
+            for (_, value) in vars {
+                assert!(!shown.contains(value), "`{value}` shown in {shown}");
+            }
+            assert!(shown.contains("***") || shown.contains("acme"), "{shown}");
+        }
     }
 
     #[test]

@@ -283,10 +283,10 @@ pub struct TenancyConfig {
     pub trust_tenant_header: bool,
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct TenantConfig {
     pub name: String,
-    pub api_key: String,
+    pub api_key: super::Secret,
     /// Regions this tenant's requests may be served in (a hard constraint).
     pub residency: Option<super::global::Residency>,
 }

@@ -361,7 +361,7 @@ impl Registry {
             let upstream_auth = pc
                 .upstream_api_key
                 .as_ref()
-                .and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok())
+                .and_then(|k| HeaderValue::from_str(&format!("Bearer {}", k.expose())).ok())
                 .map(|mut v| {
                     v.set_sensitive(true);
                     v
