@@ -1749,6 +1749,33 @@ mod tests {
     }
 
     #[test]
+    fn aliases_and_adapters_are_named_by_their_own_index() {
+        let e = check(
+            r#"
+            [[pools]]
+            models = ["m", "n"]
+            aliases = ["a", ""]
+            lora_adapters = ["l", "m"]
+            workers = [{ url = "http://h:1" }]
+            [[pools]]
+            models = ["o"]
+            lora_adapters = ["", "a"]
+            workers = [{ url = "http://h:2" }]
+            "#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.problems,
+            [
+                "pools[0].aliases[1]: empty model name",
+                "pools[0].lora_adapters[1]: model name `m` is served by more than one pool",
+                "pools[1].lora_adapters[0]: empty model name",
+                "pools[1].lora_adapters[1]: model name `a` is served by more than one pool",
+            ]
+        );
+    }
+
+    #[test]
     fn kubernetes_section_is_enough_for_a_pool() {
         let c = check(
             r#"
