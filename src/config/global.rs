@@ -115,6 +115,15 @@ pub struct Residency {
     pub regions: RegionSet,
 }
 
+impl Residency {
+    /// Whether a worker in `region` may serve a request under this residency; a
+    /// worker without a (declared) region never may. The one residency check.
+    #[inline]
+    pub fn admits(&self, region: Option<RegionId>) -> bool {
+        self.regions.contains(region)
+    }
+}
+
 /// One declared region.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RegionConfig {
@@ -510,6 +519,9 @@ targets = [{{ pool = "stable", weight = 95 }}, {{ pool = "canary", weight = 5 }}
         assert!(eu.regions.contains(Some(id("eu-central"))));
         assert!(!eu.regions.contains(Some(id("us-east"))));
         assert!(!eu.regions.contains(None));
+        assert!(eu.admits(Some(id("eu-west"))));
+        assert!(!eu.admits(Some(id("us-east"))));
+        assert!(!eu.admits(None), "a worker without a region is outside");
         assert_eq!(g.names(eu.regions), "eu-central, eu-west");
         let list = g.residency("us-east, eu-west").unwrap();
         assert_eq!(list.regions.iter().count(), 2);

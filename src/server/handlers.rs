@@ -156,7 +156,7 @@ where
                     let Some(r) = residency.as_ref() else {
                         return true;
                     };
-                    let inside = n.workers.iter().any(|w| r.regions.contains(w.region));
+                    let inside = n.workers.iter().any(|w| r.admits(w.region));
                     if !inside {
                         metrics::counter!(names::FALLBACKS_SKIPPED_TOTAL,
                             names::L_POOL => metrics::SharedString::from(route.pool.name.clone()),
