@@ -2,8 +2,12 @@
 //! then validated into the typed [`Config`] the rest of the gateway reads. Every
 //! rejection names the key path, and one run reports them all: type errors and
 //! unknown keys while reading (`read.rs`), then everything validation finds,
-//! except what only follows from an earlier rejection (`problems.rs`). Defaults
-//! live here and nowhere else.
+//! except what only follows from an earlier rejection (`problems.rs`). Validation
+//! goes section by section (`validate_server`, `validate_pools`, `global.rs`,
+//! `observability.rs`) and reads nothing outside the file; then `resolve.rs` reads
+//! what the file points to: secrets from the environment (as [`Secret`]s, whose
+//! formatting never shows them) and CA files. Key paths in messages are built with
+//! `key.rs`. Defaults live here and nowhere else.
 
 pub mod global;
 mod key;
@@ -11,6 +15,7 @@ pub mod observability;
 mod problems;
 mod raw;
 mod read;
+mod resolve;
 mod secret;
 
 use key::Key;
@@ -812,6 +817,11 @@ impl RawConfig {
             &global,
             problems,
         );
+        // The environment and the file system, once the file itself is checked.
+        let admin = resolve::admin(admin, problems);
+        let mut pools = pools;
+        resolve::pools(&mut pools.pools, &pools.upstream_api_key_envs, problems);
+        let tenancy = resolve::tenancy(tenancy, problems);
         if let Some(e) = problems.error() {
             return Err(e);
         }
@@ -972,6 +982,8 @@ struct ValidPools {
     models: HashSet<String>,
     /// Per pool, the index in the file of each accepted worker.
     worker_indices: Vec<Vec<usize>>,
+    /// Per pool, the variable holding its upstream API key (read in `resolve`).
+    upstream_api_key_envs: Vec<Option<String>>,
 }
 
 /// `[[pools]]`: each pool, then what depends on all of them (names, fallbacks).
@@ -980,10 +992,14 @@ fn validate_pools(raw: Vec<RawPool>, p: &mut Problems) -> ValidPools {
         pools: Vec::new(),
         models: HashSet::new(),
         worker_indices: Vec::new(),
+        upstream_api_key_envs: Vec::new(),
     };
     let mut names = HashSet::new();
-    for (i, rp) in raw.into_iter().enumerate() {
+    for (i, mut rp) in raw.into_iter().enumerate() {
         let key = Key::new("pools").index(i);
+        valid
+            .upstream_api_key_envs
+            .push(rp.upstream_api_key_env.take());
         let name = rp.name.clone().unwrap_or_else(|| format!("pool-{i}"));
         if name.is_empty() {
             p.push(format!("{}: must not be empty", key.field("name")));
@@ -1063,10 +1079,6 @@ fn validate_pool(
     if max_attempts == 0 {
         p.push(format!("{}: must be at least 1", key.field("max_attempts")));
     }
-    let upstream_api_key = rp
-        .upstream_api_key_env
-        .as_deref()
-        .and_then(|var| p.secret(&key.field("upstream_api_key_env"), var));
     let routing = rp.routing.validate(&key.field("routing"), policy, p);
     let disaggregated = rp.disaggregation.is_some();
     let (workers, indices) = validate_workers(&key.field("workers"), rp.workers, disaggregated, p);
@@ -1101,11 +1113,6 @@ fn validate_pool(
         DEFAULT_QUEUE_TIMEOUT_MS,
     );
     let forward_headers = forward_headers(key, &rp.forward_headers, p);
-    let upstream_ca_file = rp.upstream_ca_file.inspect(|f| {
-        if let Err(e) = std::fs::read(f) {
-            p.push(format!("{}: `{f}`: {e}", key.field("upstream_ca_file")));
-        }
-    });
     let pool = PoolConfig {
         name,
         models: rp.models,
@@ -1114,7 +1121,8 @@ fn validate_pool(
         max_attempts: max_attempts.max(1),
         pass_client_auth: rp.pass_client_auth.unwrap_or(false),
         forward_headers,
-        upstream_api_key,
+        // Read in `resolve`, after every pure check.
+        upstream_api_key: None,
         workers,
         routing,
         retry_budget_ratio,
@@ -1128,7 +1136,7 @@ fn validate_pool(
         dns,
         disaggregation,
         upstream_model: rp.upstream_model,
-        upstream_ca_file,
+        upstream_ca_file: rp.upstream_ca_file,
         fallback: rp.fallback,
         lora_adapters: rp.lora_adapters,
         kubernetes,
@@ -1450,22 +1458,15 @@ fn weak_token(t: &str) -> Option<&'static str> {
     None
 }
 
-fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<AdminConfig> {
+/// `[admin]`: `None` when off (no `listen`) or rejected; the token is read in `resolve`.
+fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<resolve::PendingAdmin> {
     let listen = a.listen?;
-    let addr = listen_addr("admin.listen", &listen, p);
-    let Some(var) = a.token_env else {
+    let listen = listen_addr("admin.listen", &listen, p);
+    let Some(token_env) = a.token_env else {
         p.push("admin.token_env: required when admin.listen is set (the admin API is always authenticated)".into());
         return None;
     };
-    let token = p.secret("admin.token_env", &var)?;
-    if let Some(why) = weak_token(token.expose()) {
-        p.push(format!("admin.token_env: the token in `{var}` {why}"));
-        return None;
-    }
-    Some(AdminConfig {
-        listen: addr?,
-        token,
-    })
+    Some(resolve::PendingAdmin { listen, token_env })
 }
 
 #[cfg(test)]
@@ -1537,6 +1538,36 @@ mod tests {
             }
             assert!(shown.contains("***") || shown.contains("acme"), "{shown}");
         }
+    }
+
+    #[test]
+    fn secrets_and_files_are_read_after_the_file_is_checked() {
+        let e = check(
+            r#"
+            [admin]
+            listen = "127.0.0.1:9001"
+            token_env = "SWITCHYARD_TEST_RESOLVE_UNSET_TOKEN"
+            [[pools]]
+            models = ["m"]
+            upstream_ca_file = "/nonexistent/switchyard-test-ca.pem"
+            workers = [{ url = "ftp://h:1" }]
+            "#,
+        )
+        .unwrap_err();
+        let keys: Vec<&str> = e
+            .problems
+            .iter()
+            .map(|p| p.split_once(": ").unwrap().0)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "pools[0].workers[0].url",
+                "admin.token_env",
+                "pools[0].upstream_ca_file"
+            ],
+            "{e}"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! core schema so the sections can evolve without touching pools and workers.
 
 use super::key::Key;
+use super::resolve::{PendingTenancy, PendingTenant};
 use super::Problems;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -338,7 +339,7 @@ pub(crate) fn validate(
     pools: &[&str],
     global: &super::global::GlobalConfig,
     p: &mut Problems,
-) -> (ObservabilityConfig, TenancyConfig) {
+) -> (ObservabilityConfig, PendingTenancy) {
     let t = raw.telemetry;
     let max_tenant_labels = positive(
         p,
@@ -376,7 +377,7 @@ pub(crate) fn validate(
         prices: validate_prices(raw.prices, pools, p),
         scaling: validate_scaling(&raw.scaling, pools, p),
     };
-    let tenancy = TenancyConfig {
+    let tenancy = PendingTenancy {
         tenants: validate_tenants(raw.tenants, global, p),
         trust_tenant_header: raw.tenancy.trust_tenant_header.unwrap_or(false),
     };
@@ -536,16 +537,13 @@ fn validate_scaling(raw: &RawScaling, pools: &[&str], p: &mut Problems) -> Scali
     }
 }
 
-/// `[[tenants]]`: names, residency, and keys (from the environment) that are
-/// each one tenant's. A tenant whose key is not set is left out.
+/// `[[tenants]]`: names and residency; the keys are read in `resolve`.
 fn validate_tenants(
     raw: Vec<RawTenant>,
     global: &super::global::GlobalConfig,
     p: &mut Problems,
-) -> Vec<TenantConfig> {
-    let mut tenants: Vec<TenantConfig> = Vec::new();
-    // Every tenant's name, also of those whose key is not set.
-    let mut names: Vec<String> = Vec::new();
+) -> Vec<PendingTenant> {
+    let mut tenants: Vec<PendingTenant> = Vec::new();
     for (i, t) in raw.into_iter().enumerate() {
         let key = Key::new("tenants").index(i);
         let name = key.field("name");
@@ -553,10 +551,9 @@ fn validate_tenants(
             p.push(format!("{name}: must not be empty"));
         } else if t.name == ANONYMOUS_TENANT || t.name == crate::config::OTHER_LABEL {
             p.push(format!("{name}: `{}` is reserved", t.name));
-        } else if names.contains(&t.name) {
+        } else if tenants.iter().any(|o| o.name == t.name) {
             p.push(format!("{name}: duplicate tenant `{}`", t.name));
         }
-        names.push(t.name.clone());
         // Regions or zones that were rejected while reading are missing here:
         // a residency naming one is not reported again.
         let zones_lost = p.rejected_at("regions") || p.rejected_at("residency");
@@ -570,19 +567,10 @@ fn validate_tenants(
             }
             res
         });
-        let key_env = key.field("api_key_env");
-        let Some(k) = p.secret(&key_env, &t.api_key_env) else {
-            continue;
-        };
-        if tenants.iter().any(|o| o.api_key == k) {
-            p.push(format!(
-                "{key_env}: the key in `{}` is already another tenant's",
-                t.api_key_env
-            ));
-        }
-        tenants.push(TenantConfig {
+        tenants.push(PendingTenant {
+            key,
             name: t.name,
-            api_key: k,
+            api_key_env: t.api_key_env,
             residency,
         });
     }
