@@ -322,23 +322,8 @@ impl RawRouting {
         let load_epsilon = non_neg(self.load_epsilon, "load_epsilon", d.load_epsilon, p);
         let load_slack = non_neg(self.load_slack, "load_slack", d.load_slack, p);
         let target_queue = non_neg(self.target_queue, "target_queue", d.target_queue, p);
-        let interval_ms = self.stats_interval_ms.unwrap_or(DEFAULT_STATS_INTERVAL_MS);
-        if interval_ms < MIN_STATS_INTERVAL_MS {
-            p.push(format!(
-                "{}: must be at least {MIN_STATS_INTERVAL_MS} (got {interval_ms})",
-                key.field("stats_interval_ms")
-            ));
-        }
-        let interval_ms = interval_ms.max(MIN_STATS_INTERVAL_MS);
-        let stale_ms = self
-            .stale_after_ms
-            .unwrap_or(DEFAULT_STALE_AFTER_MS.max(interval_ms * 3));
-        if stale_ms <= interval_ms {
-            p.push(format!(
-                "{}: must be greater than stats_interval_ms ({interval_ms}), got {stale_ms}",
-                key.field("stale_after_ms")
-            ));
-        }
+        let (interval_ms, stale_ms) =
+            stats_timing(key, self.stats_interval_ms, self.stale_after_ms, p);
         let at_least_one = |v: Option<u64>, name: &str, def: u64, p: &mut Problems| {
             let v = v.unwrap_or(def);
             if v == 0 {
@@ -378,6 +363,32 @@ impl RawRouting {
             max_added_latency_ms: self.max_added_latency_ms.unwrap_or(0),
         }
     }
+}
+
+/// The stats poller's interval and staleness (ms) under `key`: the interval at
+/// least [`MIN_STATS_INTERVAL_MS`], staleness longer than the interval.
+fn stats_timing(
+    key: &Key,
+    interval_ms: Option<u64>,
+    stale_after_ms: Option<u64>,
+    p: &mut Problems,
+) -> (u64, u64) {
+    let interval_ms = interval_ms.unwrap_or(DEFAULT_STATS_INTERVAL_MS);
+    if interval_ms < MIN_STATS_INTERVAL_MS {
+        p.push(format!(
+            "{}: must be at least {MIN_STATS_INTERVAL_MS} (got {interval_ms})",
+            key.field("stats_interval_ms")
+        ));
+    }
+    let interval_ms = interval_ms.max(MIN_STATS_INTERVAL_MS);
+    let stale_ms = stale_after_ms.unwrap_or(DEFAULT_STALE_AFTER_MS.max(interval_ms * 3));
+    if stale_ms <= interval_ms {
+        p.push(format!(
+            "{}: must be greater than stats_interval_ms ({interval_ms}), got {stale_ms}",
+            key.field("stale_after_ms")
+        ));
+    }
+    (interval_ms, stale_ms)
 }
 
 /// `[pools.routing].scorers` (`key`): only with (and required by) policy
@@ -1536,8 +1547,11 @@ mod tests {
             for (_, value) in vars {
                 assert!(!shown.contains(value), "`{value}` shown in {shown}");
             }
-            assert!(shown.contains("***") || shown.contains("acme"), "{shown}");
         }
+        let admin = format!("{:?}", c.admin);
+        assert!(admin.contains("token: ***"), "{admin}");
+        let pool = format!("{:?}", c.pools[0]);
+        assert!(pool.contains("upstream_api_key: Some(***)"), "{pool}");
     }
 
     #[test]
