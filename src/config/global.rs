@@ -6,6 +6,7 @@
 //! Regions are turned into small integer ids (in name order) so that routing tests
 //! a worker's region against a request's allowed set with one bit operation.
 
+use super::key::Key;
 use super::Problems;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
@@ -113,6 +114,15 @@ impl RegionSet {
 pub struct Residency {
     pub name: Arc<str>,
     pub regions: RegionSet,
+}
+
+impl Residency {
+    /// Whether a worker in `region` may serve a request under this residency; a
+    /// worker without a (declared) region never may. The one residency check.
+    #[inline]
+    pub fn admits(&self, region: Option<RegionId>) -> bool {
+        self.regions.contains(region)
+    }
 }
 
 /// One declared region.
@@ -237,6 +247,29 @@ fn region_name_problem(name: &str) -> Option<&'static str> {
     }
 }
 
+/// The declared region names (at most [`MAX_REGIONS`], in name order): a
+/// region's id is its position.
+struct Declared<'a>(Vec<&'a String>);
+
+impl Declared<'_> {
+    fn id(&self, name: &str) -> Option<RegionId> {
+        self.0
+            .iter()
+            .position(|x| x.as_str() == name)
+            .map(|i| RegionId(i as u8))
+    }
+
+    /// `a, b, c`, for messages about an unknown region.
+    fn list(&self) -> String {
+        if self.0.is_empty() {
+            "none; declare regions as [regions.NAME] tables".to_string()
+        } else {
+            let names: Vec<&str> = self.0.iter().map(|s| s.as_str()).collect();
+            names.join(", ")
+        }
+    }
+}
+
 /// Validate the global sections, pushing problems that name their keys.
 pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
     if raw.regions.len() > MAX_REGIONS {
@@ -245,26 +278,44 @@ pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
             raw.regions.len()
         ));
     }
-    let names: Vec<&String> = raw.regions.keys().take(MAX_REGIONS).collect();
-    let id = |n: &str| {
-        names
-            .iter()
-            .position(|x| x.as_str() == n)
-            .map(|i| RegionId(i as u8))
-    };
-    let declared = || {
-        if names.is_empty() {
-            "none; declare regions as [regions.NAME] tables".to_string()
-        } else {
-            names
-                .iter()
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    };
-    let n = names.len();
-    let mut regions: Vec<RegionConfig> = names
+    let declared = Declared(raw.regions.keys().take(MAX_REGIONS).collect());
+    let regions = validate_regions(&raw.regions, &declared, p);
+    // `regions` rejected while reading: no region is declared, and references
+    // to one are not reported again.
+    let regions_lost = p.rejected_at("regions");
+    let region = raw
+        .server_region
+        .as_deref()
+        .and_then(|r| match declared.id(r) {
+            Some(id) => Some(id),
+            None if regions_lost => None,
+            None => {
+                let known = declared.list();
+                p.push(format!(
+                    "server.region: unknown region `{r}` (declared: {known})"
+                ));
+                None
+            }
+        });
+    let zones = validate_zones(&raw.residency, &declared, regions_lost, p);
+    GlobalConfig {
+        region,
+        regions,
+        zones,
+        locality: validate_locality(raw.locality, p),
+        splits: validate_splits(raw.splits, raw.models, raw.pools, p),
+    }
+}
+
+/// `[regions.NAME]`: names, spill orders and the (symmetric) round-trip matrix.
+fn validate_regions(
+    raw: &BTreeMap<String, RawRegion>,
+    declared: &Declared<'_>,
+    p: &mut Problems,
+) -> Vec<RegionConfig> {
+    let n = declared.0.len();
+    let mut regions: Vec<RegionConfig> = declared
+        .0
         .iter()
         .map(|name| RegionConfig {
             name: Arc::from(name.as_str()),
@@ -272,41 +323,29 @@ pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
             rtt_ms: vec![None; n],
         })
         .collect();
-    for (i, (name, r)) in raw.regions.iter().take(MAX_REGIONS).enumerate() {
-        let key = format!("regions.{name}");
+    for (i, (name, r)) in raw.iter().take(MAX_REGIONS).enumerate() {
+        let key = Key::new("regions").field(name);
         if let Some(why) = region_name_problem(name) {
             p.push(format!("{key}: a region name {why}"));
         }
-        for (j, s) in r.spill_order.iter().enumerate() {
-            match id(s) {
-                None => p.push(format!(
-                    "{key}.spill_order[{j}]: unknown region `{s}` (declared: {})",
-                    declared()
-                )),
-                Some(t) if t.0 as usize == i => p.push(format!(
-                    "{key}.spill_order[{j}]: a region cannot spill to itself"
-                )),
-                Some(t) if regions[i].spill_order.contains(&t) => {
-                    p.push(format!("{key}.spill_order[{j}]: `{s}` listed twice"))
-                }
-                Some(t) => regions[i].spill_order.push(t),
-            }
-        }
+        let order = spill_order(&key.field("spill_order"), i, &r.spill_order, declared, p);
+        regions[i].spill_order = order;
         for (to, &ms) in &r.rtt_ms {
-            match id(to) {
+            let at = key.field("rtt_ms").field(to);
+            match declared.id(to) {
                 None => p.push(format!(
-                    "{key}.rtt_ms.{to}: unknown region `{to}` (declared: {})",
-                    declared()
+                    "{at}: unknown region `{to}` (declared: {})",
+                    declared.list()
                 )),
                 Some(t) if t.0 as usize == i => {
-                    p.push(format!("{key}.rtt_ms.{to}: the round trip to itself is 0"))
+                    p.push(format!("{at}: the round trip to itself is 0"))
                 }
                 Some(t) => {
                     let j = t.0 as usize;
-                    let other = raw.regions[to.as_str()].rtt_ms.get(name.as_str());
+                    let other = raw[to.as_str()].rtt_ms.get(name.as_str());
                     if other.is_some_and(|&o| o != ms) && name.as_str() < to.as_str() {
                         p.push(format!(
-                            "{key}.rtt_ms.{to}: {ms} ms here but {} ms in regions.{to}.rtt_ms.{name}",
+                            "{at}: {ms} ms here but {} ms in regions.{to}.rtt_ms.{name}",
                             other.copied().unwrap_or(0)
                         ));
                     }
@@ -319,29 +358,49 @@ pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
     for (i, r) in regions.iter_mut().enumerate() {
         r.rtt_ms[i] = Some(0);
     }
+    regions
+}
 
-    // `regions` rejected while reading: no region is declared, and references
-    // to one are not reported again.
-    let regions_lost = p.rejected_at("regions");
-    let region = raw.server_region.as_deref().and_then(|r| match id(r) {
-        Some(id) => Some(id),
-        None if regions_lost => None,
-        None => {
-            p.push(format!(
-                "server.region: unknown region `{r}` (declared: {})",
-                declared()
-            ));
-            None
+/// The spill order (`key`) of region `i`: declared regions, not itself, each once.
+fn spill_order(
+    key: &Key,
+    i: usize,
+    raw: &[String],
+    declared: &Declared<'_>,
+    p: &mut Problems,
+) -> Vec<RegionId> {
+    let mut order = Vec::new();
+    for (j, s) in raw.iter().enumerate() {
+        let at = key.index(j);
+        match declared.id(s) {
+            None => p.push(format!(
+                "{at}: unknown region `{s}` (declared: {})",
+                declared.list()
+            )),
+            Some(t) if t.0 as usize == i => {
+                p.push(format!("{at}: a region cannot spill to itself"))
+            }
+            Some(t) if order.contains(&t) => p.push(format!("{at}: `{s}` listed twice")),
+            Some(t) => order.push(t),
         }
-    });
+    }
+    order
+}
 
+/// `[residency]`: zone name → declared regions.
+fn validate_zones(
+    raw: &BTreeMap<String, Vec<String>>,
+    declared: &Declared<'_>,
+    regions_lost: bool,
+    p: &mut Problems,
+) -> Vec<Residency> {
     let mut zones = Vec::new();
-    for (zone, list) in &raw.residency {
-        let key = format!("residency.{zone}");
+    for (zone, list) in raw {
+        let key = Key::new("residency").field(zone);
         if let Some(why) = region_name_problem(zone) {
             p.push(format!("{key}: a zone name {why}"));
         }
-        if id(zone).is_some() {
+        if declared.id(zone).is_some() {
             p.push(format!(
                 "{key}: a zone may not be named like a region (a region name already means that region)"
             ));
@@ -351,12 +410,13 @@ pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
         }
         let mut set = RegionSet::EMPTY;
         for (j, r) in list.iter().enumerate() {
-            match id(r) {
+            match declared.id(r) {
                 Some(r) => set = RegionSet(set.0 | RegionSet::of([r]).0),
                 None if regions_lost => {}
                 None => p.push(format!(
-                    "{key}[{j}]: unknown region `{r}` (declared: {})",
-                    declared()
+                    "{}: unknown region `{r}` (declared: {})",
+                    key.index(j),
+                    declared.list()
                 )),
             }
         }
@@ -365,15 +425,13 @@ pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
             regions: set,
         });
     }
+    zones
+}
 
-    let l = raw.locality;
+/// `[locality]`; the defaults when a watermark is rejected.
+fn validate_locality(l: RawLocality, p: &mut Problems) -> LocalityConfig {
     let high = l.high_watermark.unwrap_or(DEFAULT_HIGH_WATERMARK);
     let low = l.low_watermark.unwrap_or(DEFAULT_LOW_WATERMARK);
-    let mut locality = LocalityConfig {
-        high_watermark: high,
-        low_watermark: low,
-        min_dwell: Duration::from_millis(l.min_dwell_ms.unwrap_or(DEFAULT_MIN_DWELL_MS)),
-    };
     let mut ok = true;
     for (name, v) in [("high_watermark", high), ("low_watermark", low)] {
         if !(v.is_finite() && v > 0.0) {
@@ -390,65 +448,80 @@ pub(crate) fn validate(raw: GlobalRaw<'_>, p: &mut Problems) -> GlobalConfig {
         ok = false;
     }
     if !ok {
-        locality = LocalityConfig::default();
+        return LocalityConfig::default();
     }
+    LocalityConfig {
+        high_watermark: high,
+        low_watermark: low,
+        min_dwell: Duration::from_millis(l.min_dwell_ms.unwrap_or(DEFAULT_MIN_DWELL_MS)),
+    }
+}
 
+/// `[[splits]]`: a model name of its own, spread over existing pools by weight.
+fn validate_splits(
+    raw: Vec<RawSplit>,
+    models: &HashSet<String>,
+    pools: &[&str],
+    p: &mut Problems,
+) -> Vec<SplitConfig> {
     let mut splits: Vec<SplitConfig> = Vec::new();
-    for (i, s) in raw.splits.into_iter().enumerate() {
-        let key = format!("splits[{i}]");
+    for (i, s) in raw.into_iter().enumerate() {
+        let key = Key::new("splits").index(i);
+        let model = key.field("model");
         if s.model.is_empty() {
-            p.push(format!("{key}.model: must not be empty"));
-        } else if raw.models.contains(&s.model) {
+            p.push(format!("{model}: must not be empty"));
+        } else if models.contains(&s.model) {
             p.push(format!(
-                "{key}.model: `{}` is already served by a pool; a split needs a name of its own",
+                "{model}: `{}` is already served by a pool; a split needs a name of its own",
                 s.model
             ));
         } else if splits.iter().any(|o| o.model == s.model) {
-            p.push(format!("{key}.model: duplicate split `{}`", s.model));
+            p.push(format!("{model}: duplicate split `{}`", s.model));
         }
-        if s.targets.is_empty() {
-            p.push(format!("{key}.targets: a split needs at least one target"));
-        }
-        let mut targets: Vec<(String, f64)> = Vec::new();
-        for (j, t) in s.targets.into_iter().enumerate() {
-            if !raw.pools.contains(&t.pool.as_str()) {
-                if !p.rejected_at("pools") {
-                    p.push(format!(
-                        "{key}.targets[{j}].pool: {}",
-                        super::no_pool(&t.pool, raw.pools)
-                    ));
-                }
-            } else if targets.iter().any(|(n, _)| *n == t.pool) {
-                p.push(format!(
-                    "{key}.targets[{j}].pool: `{}` listed twice",
-                    t.pool
-                ));
-            }
-            if !(t.weight.is_finite() && t.weight >= 0.0) {
-                p.push(format!(
-                    "{key}.targets[{j}].weight: must be a finite number >= 0 (got {})",
-                    t.weight
-                ));
-                continue;
-            }
-            targets.push((t.pool, t.weight));
-        }
-        if !targets.is_empty() && targets.iter().map(|t| t.1).sum::<f64>() <= 0.0 {
-            p.push(format!("{key}.targets: the weights must not all be 0"));
-        }
+        let targets = split_targets(&key.field("targets"), s.targets, pools, p);
         splits.push(SplitConfig {
             model: s.model,
             targets,
         });
     }
+    splits
+}
 
-    GlobalConfig {
-        region,
-        regions,
-        zones,
-        locality,
-        splits,
+/// A split's targets (`key`): known pools, each once, weights ≥ 0 not all 0.
+fn split_targets(
+    key: &Key,
+    raw: Vec<RawSplitTarget>,
+    pools: &[&str],
+    p: &mut Problems,
+) -> Vec<(String, f64)> {
+    if raw.is_empty() {
+        p.push(format!("{key}: a split needs at least one target"));
     }
+    let mut targets: Vec<(String, f64)> = Vec::new();
+    for (j, t) in raw.into_iter().enumerate() {
+        let at = key.index(j);
+        if !pools.contains(&t.pool.as_str()) {
+            if !p.rejected_at("pools") {
+                let why = super::no_pool(&t.pool, pools);
+                p.push(format!("{}: {why}", at.field("pool")));
+            }
+        } else if targets.iter().any(|(n, _)| *n == t.pool) {
+            p.push(format!("{}: `{}` listed twice", at.field("pool"), t.pool));
+        }
+        if !(t.weight.is_finite() && t.weight >= 0.0) {
+            p.push(format!(
+                "{}: must be a finite number >= 0 (got {})",
+                at.field("weight"),
+                t.weight
+            ));
+            continue;
+        }
+        targets.push((t.pool, t.weight));
+    }
+    if !targets.is_empty() && targets.iter().map(|t| t.1).sum::<f64>() <= 0.0 {
+        p.push(format!("{key}: the weights must not all be 0"));
+    }
+    targets
 }
 
 #[cfg(test)]
@@ -510,6 +583,9 @@ targets = [{{ pool = "stable", weight = 95 }}, {{ pool = "canary", weight = 5 }}
         assert!(eu.regions.contains(Some(id("eu-central"))));
         assert!(!eu.regions.contains(Some(id("us-east"))));
         assert!(!eu.regions.contains(None));
+        assert!(eu.admits(Some(id("eu-west"))));
+        assert!(!eu.admits(Some(id("us-east"))));
+        assert!(!eu.admits(None), "a worker without a region is outside");
         assert_eq!(g.names(eu.regions), "eu-central, eu-west");
         let list = g.residency("us-east, eu-west").unwrap();
         assert_eq!(list.regions.iter().count(), 2);

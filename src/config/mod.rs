@@ -2,17 +2,26 @@
 //! then validated into the typed [`Config`] the rest of the gateway reads. Every
 //! rejection names the key path, and one run reports them all: type errors and
 //! unknown keys while reading (`read.rs`), then everything validation finds,
-//! except what only follows from an earlier rejection (`problems.rs`). Defaults
-//! live here and nowhere else.
+//! except what only follows from an earlier rejection (`problems.rs`). Validation
+//! goes section by section (`validate_server`, `validate_pools`, `global.rs`,
+//! `observability.rs`) and reads nothing outside the file; then `resolve.rs` reads
+//! what the file points to: secrets from the environment (as [`Secret`]s, whose
+//! formatting never shows them) and CA files. Key paths in messages are built with
+//! `key.rs`. Defaults live here and nowhere else.
 
 pub mod global;
+mod key;
 pub mod observability;
 mod problems;
 mod raw;
 mod read;
+mod resolve;
+mod secret;
 
+use key::Key;
 use problems::Problems;
 pub use problems::Secrets;
+pub use secret::Secret;
 
 pub use raw::{
     RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,
@@ -283,108 +292,60 @@ impl RoutingConfig {
 }
 
 impl RawRouting {
-    /// Validate, pushing problems prefixed with `key` (e.g. `pools[0].routing`);
+    /// Validate, pushing problems under `key` (e.g. `pools[0].routing`);
     /// `policy` is `None` when the pool's policy was rejected.
-    fn validate(
-        self,
-        key: &str,
-        policy: Option<PolicyKind>,
-        problems: &mut Problems,
-    ) -> RoutingConfig {
+    fn validate(self, key: &Key, policy: Option<PolicyKind>, p: &mut Problems) -> RoutingConfig {
         let d = RoutingConfig::default();
-        let nz = |v: Option<u32>, name: &str, def: NonZeroU32, problems: &mut Problems| match v {
+        let nz = |v: Option<u32>, name: &str, def: NonZeroU32, p: &mut Problems| match v {
             None => def,
             Some(v) => NonZeroU32::new(v).unwrap_or_else(|| {
-                problems.push(format!("{key}.{name}: must be at least 1"));
+                p.push(format!("{}: must be at least 1", key.field(name)));
                 def
             }),
         };
-        let block_tokens = nz(self.block_tokens, "block_tokens", d.block_tokens, problems);
+        let block_tokens = nz(self.block_tokens, "block_tokens", d.block_tokens, p);
         let bytes_per_token = nz(
             self.bytes_per_token,
             "bytes_per_token",
             d.bytes_per_token,
-            problems,
+            p,
         );
-        let non_neg = |v: Option<f64>, name: &str, def: f64, problems: &mut Problems| {
+        let non_neg = |v: Option<f64>, name: &str, def: f64, p: &mut Problems| {
             let v = v.unwrap_or(def);
             if !(v.is_finite() && v >= 0.0) {
-                problems.push(format!(
-                    "{key}.{name}: must be a finite number >= 0 (got {v})"
-                ));
+                let k = key.field(name);
+                p.push(format!("{k}: must be a finite number >= 0 (got {v})"));
                 return def;
             }
             v
         };
-        let load_epsilon = non_neg(self.load_epsilon, "load_epsilon", d.load_epsilon, problems);
-        let load_slack = non_neg(self.load_slack, "load_slack", d.load_slack, problems);
-        let target_queue = non_neg(self.target_queue, "target_queue", d.target_queue, problems);
-        let interval_ms = self.stats_interval_ms.unwrap_or(DEFAULT_STATS_INTERVAL_MS);
-        if interval_ms < MIN_STATS_INTERVAL_MS {
-            problems.push(format!(
-                "{key}.stats_interval_ms: must be at least {MIN_STATS_INTERVAL_MS} (got {interval_ms})"
-            ));
-        }
-        let interval_ms = interval_ms.max(MIN_STATS_INTERVAL_MS);
-        let stale_ms = self
-            .stale_after_ms
-            .unwrap_or(DEFAULT_STALE_AFTER_MS.max(interval_ms * 3));
-        if stale_ms <= interval_ms {
-            problems.push(format!(
-                "{key}.stale_after_ms: must be greater than stats_interval_ms ({interval_ms}), got {stale_ms}"
-            ));
-        }
-        let index_max_blocks = self.index_max_blocks.unwrap_or(DEFAULT_INDEX_MAX_BLOCKS);
-        if index_max_blocks == 0 {
-            problems.push(format!("{key}.index_max_blocks: must be at least 1"));
-        }
-        let default_worker_blocks = self.default_worker_blocks.unwrap_or(DEFAULT_WORKER_BLOCKS);
-        if default_worker_blocks == 0 {
-            problems.push(format!("{key}.default_worker_blocks: must be at least 1"));
-        }
-        let mut scorers = Vec::new();
-        match (&self.scorers, policy) {
-            (None, Some(PolicyKind::Weighted)) => problems.push(format!(
-                "{key}.scorers: policy `weighted` needs a list of scorers"
-            )),
-            (Some(_), Some(p)) if p != PolicyKind::Weighted => problems.push(format!(
-                "{key}.scorers: only valid with policy = \"weighted\" (this pool's policy is `{p}`)"
-            )),
-            _ => {}
-        }
-        for (i, s) in self.scorers.iter().flatten().enumerate() {
-            let kind = ScorerKind::parse(&s.name);
-            if kind.is_none() {
-                problems.push(format!(
-                    "{key}.scorers[{i}].name: unknown scorer `{}` (expected one of: {})",
-                    s.name,
-                    ScorerKind::ALL
-                        .iter()
-                        .map(|k| k.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
+        let load_epsilon = non_neg(self.load_epsilon, "load_epsilon", d.load_epsilon, p);
+        let load_slack = non_neg(self.load_slack, "load_slack", d.load_slack, p);
+        let target_queue = non_neg(self.target_queue, "target_queue", d.target_queue, p);
+        let (interval_ms, stale_ms) =
+            stats_timing(key, self.stats_interval_ms, self.stale_after_ms, p);
+        let at_least_one = |v: Option<u64>, name: &str, def: u64, p: &mut Problems| {
+            let v = v.unwrap_or(def);
+            if v == 0 {
+                p.push(format!("{}: must be at least 1", key.field(name)));
             }
-            if !(s.weight.is_finite() && s.weight > 0.0) {
-                problems.push(format!(
-                    "{key}.scorers[{i}].weight: must be a finite number > 0 (got {})",
-                    s.weight
-                ));
-                continue;
-            }
-            let Some(kind) = kind else { continue };
-            if scorers.iter().any(|(k, _)| *k == kind) {
-                problems.push(format!(
-                    "{key}.scorers[{i}].name: scorer `{}` listed twice",
-                    s.name
-                ));
-                continue;
-            }
-            scorers.push((kind, s.weight));
-        }
-        if self.scorers.as_ref().is_some_and(|v| v.is_empty()) {
-            problems.push(format!("{key}.scorers: must not be empty"));
-        }
+            v.max(1)
+        };
+        let index_max_blocks = self.index_max_blocks;
+        let index_max_blocks = at_least_one(
+            index_max_blocks,
+            "index_max_blocks",
+            DEFAULT_INDEX_MAX_BLOCKS,
+            p,
+        );
+        let worker_blocks = self.default_worker_blocks;
+        let default_worker_blocks = at_least_one(
+            worker_blocks,
+            "default_worker_blocks",
+            DEFAULT_WORKER_BLOCKS,
+            p,
+        );
+        let scorers = validate_scorers(&key.field("scorers"), self.scorers.as_deref(), policy, p);
         RoutingConfig {
             block_tokens,
             bytes_per_token,
@@ -395,13 +356,94 @@ impl RawRouting {
             allow_policy_override: self.allow_policy_override.unwrap_or(false),
             power_of_two: self.power_of_two.unwrap_or(false),
             target_queue,
-            index_max_blocks: index_max_blocks.max(1),
-            default_worker_blocks: default_worker_blocks.max(1),
+            index_max_blocks,
+            default_worker_blocks,
             require_labels: self.require_labels,
             scorers,
             max_added_latency_ms: self.max_added_latency_ms.unwrap_or(0),
         }
     }
+}
+
+/// The stats poller's interval and staleness (ms) under `key`: the interval at
+/// least [`MIN_STATS_INTERVAL_MS`], staleness longer than the interval.
+fn stats_timing(
+    key: &Key,
+    interval_ms: Option<u64>,
+    stale_after_ms: Option<u64>,
+    p: &mut Problems,
+) -> (u64, u64) {
+    let interval_ms = interval_ms.unwrap_or(DEFAULT_STATS_INTERVAL_MS);
+    if interval_ms < MIN_STATS_INTERVAL_MS {
+        p.push(format!(
+            "{}: must be at least {MIN_STATS_INTERVAL_MS} (got {interval_ms})",
+            key.field("stats_interval_ms")
+        ));
+    }
+    let interval_ms = interval_ms.max(MIN_STATS_INTERVAL_MS);
+    let stale_ms = stale_after_ms.unwrap_or(DEFAULT_STALE_AFTER_MS.max(interval_ms * 3));
+    if stale_ms <= interval_ms {
+        p.push(format!(
+            "{}: must be greater than stats_interval_ms ({interval_ms}), got {stale_ms}",
+            key.field("stale_after_ms")
+        ));
+    }
+    (interval_ms, stale_ms)
+}
+
+/// `[pools.routing].scorers` (`key`): only with (and required by) policy
+/// `weighted`; known names, each once, with finite weights > 0.
+fn validate_scorers(
+    key: &Key,
+    raw: Option<&[RawScorer]>,
+    policy: Option<PolicyKind>,
+    p: &mut Problems,
+) -> Vec<(ScorerKind, f64)> {
+    match (raw, policy) {
+        (None, Some(PolicyKind::Weighted)) => {
+            p.push(format!("{key}: policy `weighted` needs a list of scorers"))
+        }
+        (Some(_), Some(policy)) if policy != PolicyKind::Weighted => p.push(format!(
+            "{key}: only valid with policy = \"weighted\" (this pool's policy is `{policy}`)"
+        )),
+        _ => {}
+    }
+    let mut scorers = Vec::new();
+    for (i, s) in raw.unwrap_or_default().iter().enumerate() {
+        let at = key.index(i);
+        let kind = ScorerKind::parse(&s.name);
+        if kind.is_none() {
+            p.push(format!(
+                "{}: unknown scorer `{}` (expected one of: {})",
+                at.field("name"),
+                s.name,
+                ScorerKind::ALL
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !(s.weight.is_finite() && s.weight > 0.0) {
+            p.push(format!(
+                "{}: must be a finite number > 0 (got {})",
+                at.field("weight"),
+                s.weight
+            ));
+            continue;
+        }
+        let Some(kind) = kind else { continue };
+        if scorers.iter().any(|(k, _)| *k == kind) {
+            let name = at.field("name");
+            p.push(format!("{name}: scorer `{}` listed twice", s.name));
+            continue;
+        }
+        scorers.push((kind, s.weight));
+    }
+    if raw.is_some_and(|v| v.is_empty()) {
+        p.push(format!("{key}: must not be empty"));
+    }
+    scorers
 }
 
 impl fmt::Display for PolicyKind {
@@ -443,7 +485,7 @@ pub struct HealthConfig {
 #[derive(Clone, Debug)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
-    pub token: String,
+    pub token: Secret,
 }
 
 /// How a disaggregated pool hands a request from prefill to decode.
@@ -547,7 +589,7 @@ pub struct PoolConfig {
     /// Headers kept at the gateway by default to forward anyway (lower case).
     pub forward_headers: Vec<String>,
     /// Bearer token injected upstream (value resolved from the named env var).
-    pub upstream_api_key: Option<String>,
+    pub upstream_api_key: Option<Secret>,
     pub workers: Vec<WorkerConfig>,
     /// Policy and stats settings (`[pools.routing]`).
     pub routing: RoutingConfig,
@@ -748,358 +790,30 @@ impl RawConfig {
     }
 
     /// Check every field, adding to `problems` (which may hold problems from
-    /// reading, and says whether secrets are required).
+    /// reading, and says whether secrets are required). Sections are checked in
+    /// file order of their problems: server, health, admin, pools, the global
+    /// sections, then observability and tenancy.
     fn validate_with(self, problems: &mut Problems) -> Result<Config, ConfigError> {
-        let s = self.server;
-        let listen = listen_addr(
-            "server.listen",
-            s.listen.as_deref().unwrap_or(DEFAULT_LISTEN),
-            problems,
-        )
-        .unwrap_or_else(|| {
-            DEFAULT_LISTEN
-                .parse()
-                .expect("default listen address parses")
-        });
-        let max_body_bytes = s.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
-        if max_body_bytes == 0 {
-            problems.push("server.max_body_bytes: must be greater than 0".into());
-        }
-        let t = s.timeouts;
-        let p = &mut *problems;
-        let timeouts = Timeouts {
-            connect: ms(
-                p,
-                "server.timeouts.connect_ms",
-                t.connect_ms,
-                DEFAULT_CONNECT_TIMEOUT_MS,
-            ),
-            first_byte: ms(
-                p,
-                "server.timeouts.first_byte_ms",
-                t.first_byte_ms,
-                DEFAULT_FIRST_BYTE_TIMEOUT_MS,
-            ),
-            idle: ms(
-                p,
-                "server.timeouts.idle_ms",
-                t.idle_ms,
-                DEFAULT_IDLE_TIMEOUT_MS,
-            ),
-            total: ms(
-                p,
-                "server.timeouts.total_ms",
-                t.total_ms,
-                DEFAULT_TOTAL_TIMEOUT_MS,
-            ),
-        };
-        let model_discovery_interval = ms(
-            p,
-            "server.model_discovery_ms",
-            s.model_discovery_ms,
-            DEFAULT_MODEL_DISCOVERY_MS,
-        );
-        let header_read_timeout = ms(
-            p,
-            "server.header_read_timeout_ms",
-            s.header_read_timeout_ms,
-            DEFAULT_HEADER_READ_TIMEOUT_MS,
-        );
-        let drain_timeout = ms(
-            p,
-            "server.drain_timeout_ms",
-            s.drain_timeout_ms,
-            DEFAULT_DRAIN_TIMEOUT_MS,
-        );
-        let body_read_timeout = ms(
-            p,
-            "server.body_read_timeout_ms",
-            s.body_read_timeout_ms,
-            DEFAULT_BODY_READ_TIMEOUT_MS,
-        );
-        let idle_timeout = ms(
-            p,
-            "server.idle_timeout_ms",
-            s.idle_timeout_ms,
-            DEFAULT_CLIENT_IDLE_TIMEOUT_MS,
-        );
-        let max_headers = s.max_headers.unwrap_or(DEFAULT_MAX_HEADERS);
-        if !(1..=MAX_MAX_HEADERS).contains(&max_headers) {
-            p.push(format!(
-                "server.max_headers: must be between 1 and {MAX_MAX_HEADERS}, got {max_headers}"
-            ));
-        }
-        let max_header_bytes = s.max_header_bytes.unwrap_or(DEFAULT_MAX_HEADER_BYTES);
-        if !(MIN_MAX_HEADER_BYTES..=MAX_MAX_HEADER_BYTES).contains(&max_header_bytes) {
-            p.push(format!(
-                "server.max_header_bytes: must be between {MIN_MAX_HEADER_BYTES} and {MAX_MAX_HEADER_BYTES}, got {max_header_bytes}"
-            ));
-        }
-        let max_connections = s.max_connections.unwrap_or_else(default_max_connections);
-        if max_connections == 0 {
-            p.push("server.max_connections: must be greater than 0".into());
-        }
-        let threads = s.threads.unwrap_or(0);
-        if threads > 1024 {
-            p.push("server.threads: must be at most 1024 (0 = one per CPU)".into());
-        }
-        let busy_poll_us = s.busy_poll_us.unwrap_or(0);
-        if busy_poll_us > MAX_BUSY_POLL_US {
-            p.push(format!(
-                "server.busy_poll_us: must be at most {MAX_BUSY_POLL_US} (0 = off)"
-            ));
-        }
-        let health = validate_health(self.health, p);
-        let admin = validate_admin(self.admin, p);
-
-        let mut pools = Vec::new();
-        let mut pool_names = HashSet::new();
-        let mut model_names: HashSet<String> = HashSet::new();
-        // Per pool, the index in the file of each accepted worker.
-        let mut worker_indices: Vec<Vec<usize>> = Vec::new();
-        for (i, p) in self.pools.into_iter().enumerate() {
-            let key = format!("pools[{i}]");
-            let name = p.name.clone().unwrap_or_else(|| format!("pool-{i}"));
-            if name.is_empty() {
-                problems.push(format!("{key}.name: must not be empty"));
-            }
-            if !pool_names.insert(name.clone()) {
-                problems.push(format!("{key}.name: duplicate pool name `{name}`"));
-            }
-            // `None`: rejected (checks that depend on the policy are skipped).
-            let policy = match p.policy.as_deref() {
-                None if problems.reported(&format!("{key}.policy")) => None,
-                None => Some(PolicyKind::RoundRobin),
-                Some(s) => PolicyKind::parse(s).or_else(|| {
-                    problems.push(format!(
-                        "{key}.policy: unknown policy `{s}` (expected one of: {})",
-                        PolicyKind::names()
-                    ));
-                    None
-                }),
-            };
-            for (list, names) in [
-                ("models", &p.models),
-                ("aliases", &p.aliases),
-                ("lora_adapters", &p.lora_adapters),
-            ] {
-                for (j, m) in names.iter().enumerate() {
-                    if m.is_empty() {
-                        problems.push(format!("{key}.{list}[{j}]: empty model name"));
-                    } else if !model_names.insert(m.clone()) {
-                        problems.push(format!(
-                            "{key}.{list}[{j}]: model name `{m}` is served by more than one pool"
-                        ));
-                    }
-                }
-            }
-            if !p.aliases.is_empty()
-                && p.models.is_empty()
-                && !problems.reported(&format!("{key}.models"))
-            {
-                problems.push(format!(
-                    "{key}.aliases: aliases need at least one entry in {key}.models"
-                ));
-            }
-            let max_attempts = p.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
-            if max_attempts == 0 {
-                problems.push(format!("{key}.max_attempts: must be at least 1"));
-            }
-            let upstream_api_key = p
-                .upstream_api_key_env
-                .as_deref()
-                .and_then(|var| problems.secret(&format!("{key}.upstream_api_key_env"), var));
-            let routing = p
-                .routing
-                .validate(&format!("{key}.routing"), policy, problems);
-            let mut workers = Vec::new();
-            let mut seen = HashSet::new();
-            let mut indices = Vec::new();
-            for (j, w) in p.workers.into_iter().enumerate() {
-                if p.disaggregation.is_some() {
-                    check_role(&format!("{key}.workers[{j}].labels"), &w.labels, problems);
-                }
-                match normalize_worker_url(&w.url) {
-                    Ok(url) => {
-                        if !seen.insert(url.clone()) {
-                            problems
-                                .push(format!("{key}.workers[{j}].url: duplicate worker `{url}`"));
-                        }
-                        let price = w.price_per_mtok.unwrap_or(0.0);
-                        if !(price.is_finite() && price >= 0.0) {
-                            problems.push(format!(
-                                "{key}.workers[{j}].price_per_mtok: must be a finite number >= 0 (got {price})"
-                            ));
-                        }
-                        workers.push(WorkerConfig {
-                            url,
-                            labels: w.labels,
-                            price_per_mtok: price,
-                        });
-                        indices.push(j);
-                    }
-                    Err(e) => problems.push(format!("{key}.workers[{j}].url: {e}")),
-                }
-            }
-            worker_indices.push(indices);
-            let dns = p.dns.map(|d| {
-                if p.disaggregation.is_some() {
-                    check_role(&format!("{key}.dns.labels"), &d.labels, problems);
-                }
-                if d.name.is_empty() {
-                    problems.push(format!("{key}.dns.name: must not be empty"));
-                }
-                if d.port == 0 {
-                    problems.push(format!("{key}.dns.port: must be greater than 0"));
-                }
-                DnsConfig {
-                    name: d.name,
-                    port: d.port,
-                    interval: ms(
-                        problems,
-                        &format!("{key}.dns.interval_ms"),
-                        d.interval_ms,
-                        DEFAULT_DNS_INTERVAL_MS,
-                    ),
-                    labels: d.labels,
-                }
-            });
-            let kubernetes = p
-                .kubernetes
-                .map(|k| validate_kubernetes(k, &format!("{key}.kubernetes"), problems));
-            // Not when a worker was rejected: that problem is reported already.
-            if workers.is_empty()
-                && dns.is_none()
-                && kubernetes.is_none()
-                && !problems.reported(&format!("{key}.workers"))
-            {
-                problems.push(format!(
-                    "{key}.workers: a pool needs at least one worker (or a dns or kubernetes section)"
-                ));
-            }
-            let disaggregation = p.disaggregation.map(|d| DisaggConfig {
-                mode: match d.mode.as_str() {
-                    "vllm" => DisaggMode::Vllm,
-                    "sglang" => DisaggMode::Sglang,
-                    other => {
-                        problems.push(format!(
-                            "{key}.disaggregation.mode: unknown mode `{other}` (expected one of: vllm, sglang)"
-                        ));
-                        DisaggMode::Vllm
-                    }
-                },
-                min_uncached_tokens: d.min_uncached_tokens.unwrap_or(DEFAULT_MIN_UNCACHED_TOKENS),
-                bootstrap_port: d.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT),
-                max_prefill_response_bytes: d
-                    .max_prefill_response_bytes
-                    .unwrap_or(DEFAULT_MAX_PREFILL_RESPONSE_BYTES),
-            });
-            let retry_budget_ratio = p.retry_budget_ratio.unwrap_or(DEFAULT_RETRY_BUDGET_RATIO);
-            if !(0.0..=1.0).contains(&retry_budget_ratio) {
-                problems.push(format!(
-                    "{key}.retry_budget_ratio: must be between 0.0 and 1.0, got {retry_budget_ratio}"
-                ));
-            }
-            let queue_timeout = ms(
-                problems,
-                &format!("{key}.queue_timeout_ms"),
-                p.queue_timeout_ms,
-                DEFAULT_QUEUE_TIMEOUT_MS,
-            );
-            pools.push(PoolConfig {
-                name,
-                models: p.models,
-                aliases: p.aliases,
-                policy: policy.unwrap_or(PolicyKind::RoundRobin),
-                max_attempts: max_attempts.max(1),
-                pass_client_auth: p.pass_client_auth.unwrap_or(false),
-                forward_headers: forward_headers(&key, &p.forward_headers, problems),
-                upstream_api_key,
-                workers,
-                routing,
-                retry_budget_ratio,
-                retry_budget_min: p.retry_budget_min.unwrap_or(DEFAULT_RETRY_BUDGET_MIN),
-                retry_backoff: Duration::from_millis(
-                    p.retry_backoff_ms.unwrap_or(DEFAULT_RETRY_BACKOFF_MS),
-                ),
-                max_concurrency_per_worker: p.max_concurrency_per_worker.unwrap_or(0),
-                queue_size: p.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
-                queue_timeout,
-                dns,
-                disaggregation,
-                upstream_model: p.upstream_model,
-                upstream_ca_file: p.upstream_ca_file.inspect(|f| {
-                    if let Err(e) = std::fs::read(f) {
-                        problems.push(format!("{key}.upstream_ca_file: `{f}`: {e}"));
-                    }
-                }),
-                fallback: p.fallback,
-                lora_adapters: p.lora_adapters,
-                kubernetes,
-            });
-        }
-        if pools.is_empty() {
-            problems.push("pools: at least one pool (or a --worker flag) is required".into());
-        }
-        for (i, p) in pools.iter().enumerate() {
-            if p.name.contains(':') {
-                problems.push(format!(
-                    "pools[{i}].name: `:` is reserved, got `{}`",
-                    p.name
-                ));
-            }
-            for f in &p.fallback {
-                if f == &p.name {
-                    problems.push(format!(
-                        "pools[{i}].fallback: a pool cannot fall back to itself"
-                    ));
-                } else if !pools.iter().any(|q| &q.name == f) {
-                    let names: Vec<&str> = pools.iter().map(|q| q.name.as_str()).collect();
-                    problems.push(format!("pools[{i}].fallback: {}", no_pool(f, &names)));
-                }
-            }
-        }
-        let pool_names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+        let mut server = self.server;
+        let server_region = server.region.take();
+        let server = validate_server(server, problems);
+        let health = validate_health(self.health, problems);
+        let admin = validate_admin(self.admin, problems);
+        let pools = validate_pools(self.pools, problems);
+        let pool_names: Vec<&str> = pools.pools.iter().map(|p| p.name.as_str()).collect();
         let global = global::validate(
             global::GlobalRaw {
-                server_region: s.region,
+                server_region,
                 regions: self.regions,
                 residency: self.residency,
                 locality: self.locality,
                 splits: self.splits,
                 pools: &pool_names,
-                models: &model_names,
+                models: &pools.models,
             },
             problems,
         );
-        if !global.regions.is_empty() {
-            // Static region labels must name a declared region (a typo would
-            // otherwise put a worker outside every residency zone).
-            for (i, p) in pools.iter().enumerate() {
-                for (w, j) in p.workers.iter().zip(&worker_indices[i]) {
-                    if let Some(r) = w.labels.get(global::REGION_LABEL) {
-                        if global.region_id(r).is_none() {
-                            problems.push(format!(
-                                "pools[{i}].workers[{j}].labels.region: unknown region `{r}` (declared: {})",
-                                global.names(global.all_regions())
-                            ));
-                        }
-                    }
-                }
-                if let Some(r) = p
-                    .dns
-                    .as_ref()
-                    .and_then(|d| d.labels.get(global::REGION_LABEL))
-                {
-                    if global.region_id(r).is_none() {
-                        problems.push(format!(
-                            "pools[{i}].dns.labels.region: unknown region `{r}` (declared: {})",
-                            global.names(global.all_regions())
-                        ));
-                    }
-                }
-            }
-        }
+        check_region_labels(&pools, &global, problems);
         let (observability, tenancy) = observability::validate(
             observability::ObservabilityRaw {
                 telemetry: self.telemetry,
@@ -1114,29 +828,17 @@ impl RawConfig {
             &global,
             problems,
         );
+        // The environment and the file system, once the file itself is checked.
+        let admin = resolve::admin(admin, problems);
+        let mut pools = pools;
+        resolve::pools(&mut pools.pools, &pools.upstream_api_key_envs, problems);
+        let tenancy = resolve::tenancy(tenancy, problems);
         if let Some(e) = problems.error() {
             return Err(e);
         }
         Ok(Config {
-            server: ServerConfig {
-                listen,
-                max_body_bytes,
-                timeouts,
-                debug_headers: s.debug_headers.unwrap_or(false),
-                model_discovery_interval,
-                max_connections,
-                header_read_timeout,
-                body_read_timeout,
-                idle_timeout,
-                max_headers,
-                max_header_bytes,
-                drain_timeout,
-                unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
-                watch_config: s.watch_config.unwrap_or(false),
-                threads,
-                busy_poll: Duration::from_micros(busy_poll_us),
-            },
-            pools,
+            server,
+            pools: pools.pools,
             health,
             admin,
             observability,
@@ -1146,12 +848,457 @@ impl RawConfig {
     }
 }
 
-fn validate_kubernetes(k: RawKubernetes, key: &str, p: &mut Problems) -> KubernetesConfig {
+/// `[server]` (its `region` is taken out first: it belongs to the global sections).
+fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
+    let key = Key::new("server");
+    let listen = s.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen = listen_addr(&key.field("listen"), listen, p).unwrap_or_else(|| {
+        DEFAULT_LISTEN
+            .parse()
+            .expect("default listen address parses")
+    });
+    let max_body_bytes = s.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+    if max_body_bytes == 0 {
+        p.push(format!(
+            "{}: must be greater than 0",
+            key.field("max_body_bytes")
+        ));
+    }
+    let timeouts = validate_timeouts(&s.timeouts, &key.field("timeouts"), p);
+    let [model_discovery_interval, header_read_timeout, drain_timeout, body_read_timeout, idle_timeout] =
+        server_timeouts(&s, &key, p);
+    let max_headers = s.max_headers.unwrap_or(DEFAULT_MAX_HEADERS);
+    between(
+        p,
+        &key.field("max_headers"),
+        max_headers,
+        1..=MAX_MAX_HEADERS,
+    );
+    let max_header_bytes = s.max_header_bytes.unwrap_or(DEFAULT_MAX_HEADER_BYTES);
+    let header_bytes = MIN_MAX_HEADER_BYTES..=MAX_MAX_HEADER_BYTES;
+    between(
+        p,
+        &key.field("max_header_bytes"),
+        max_header_bytes,
+        header_bytes,
+    );
+    let max_connections = s.max_connections.unwrap_or_else(default_max_connections);
+    if max_connections == 0 {
+        p.push(format!(
+            "{}: must be greater than 0",
+            key.field("max_connections")
+        ));
+    }
+    let threads = s.threads.unwrap_or(0);
+    if threads > 1024 {
+        let threads = key.field("threads");
+        p.push(format!("{threads}: must be at most 1024 (0 = one per CPU)"));
+    }
+    let busy_poll_us = s.busy_poll_us.unwrap_or(0);
+    if busy_poll_us > MAX_BUSY_POLL_US {
+        let busy = key.field("busy_poll_us");
+        p.push(format!(
+            "{busy}: must be at most {MAX_BUSY_POLL_US} (0 = off)"
+        ));
+    }
+    ServerConfig {
+        listen,
+        max_body_bytes,
+        timeouts,
+        debug_headers: s.debug_headers.unwrap_or(false),
+        model_discovery_interval,
+        max_connections,
+        header_read_timeout,
+        body_read_timeout,
+        idle_timeout,
+        max_headers,
+        max_header_bytes,
+        drain_timeout,
+        unready_grace: Duration::from_millis(s.unready_grace_ms.unwrap_or(0)),
+        watch_config: s.watch_config.unwrap_or(false),
+        threads,
+        busy_poll: Duration::from_micros(busy_poll_us),
+    }
+}
+
+/// `[server]`'s own timeouts: model discovery, header read, drain, body read
+/// and idle, in that order (the order of their problems).
+fn server_timeouts(s: &RawServer, key: &Key, p: &mut Problems) -> [Duration; 5] {
+    [
+        (
+            "model_discovery_ms",
+            s.model_discovery_ms,
+            DEFAULT_MODEL_DISCOVERY_MS,
+        ),
+        (
+            "header_read_timeout_ms",
+            s.header_read_timeout_ms,
+            DEFAULT_HEADER_READ_TIMEOUT_MS,
+        ),
+        (
+            "drain_timeout_ms",
+            s.drain_timeout_ms,
+            DEFAULT_DRAIN_TIMEOUT_MS,
+        ),
+        (
+            "body_read_timeout_ms",
+            s.body_read_timeout_ms,
+            DEFAULT_BODY_READ_TIMEOUT_MS,
+        ),
+        (
+            "idle_timeout_ms",
+            s.idle_timeout_ms,
+            DEFAULT_CLIENT_IDLE_TIMEOUT_MS,
+        ),
+    ]
+    .map(|(name, v, default)| ms(p, &key.field(name), v, default))
+}
+
+/// `[server.timeouts]`: upstream timeouts.
+fn validate_timeouts(t: &RawTimeouts, key: &Key, p: &mut Problems) -> Timeouts {
+    let [connect, first_byte, idle, total] = [
+        ("connect_ms", t.connect_ms, DEFAULT_CONNECT_TIMEOUT_MS),
+        (
+            "first_byte_ms",
+            t.first_byte_ms,
+            DEFAULT_FIRST_BYTE_TIMEOUT_MS,
+        ),
+        ("idle_ms", t.idle_ms, DEFAULT_IDLE_TIMEOUT_MS),
+        ("total_ms", t.total_ms, DEFAULT_TOTAL_TIMEOUT_MS),
+    ]
+    .map(|(name, v, default)| ms(p, &key.field(name), v, default));
+    Timeouts {
+        connect,
+        first_byte,
+        idle,
+        total,
+    }
+}
+
+/// A count within `range`, or a problem naming `key`.
+fn between(p: &mut Problems, key: &str, v: usize, range: std::ops::RangeInclusive<usize>) {
+    if !range.contains(&v) {
+        p.push(format!(
+            "{key}: must be between {} and {}, got {v}",
+            range.start(),
+            range.end()
+        ));
+    }
+}
+
+/// The validated pools, with what later checks need from the file.
+struct ValidPools {
+    pools: Vec<PoolConfig>,
+    /// Model names, aliases and LoRA adapters served by some pool.
+    models: HashSet<String>,
+    /// Per pool, the index in the file of each accepted worker.
+    worker_indices: Vec<Vec<usize>>,
+    /// Per pool, the variable holding its upstream API key (read in `resolve`).
+    upstream_api_key_envs: Vec<Option<String>>,
+}
+
+/// `[[pools]]`: each pool, then what depends on all of them (names, fallbacks).
+fn validate_pools(raw: Vec<RawPool>, p: &mut Problems) -> ValidPools {
+    let mut valid = ValidPools {
+        pools: Vec::new(),
+        models: HashSet::new(),
+        worker_indices: Vec::new(),
+        upstream_api_key_envs: Vec::new(),
+    };
+    let mut names = HashSet::new();
+    for (i, mut rp) in raw.into_iter().enumerate() {
+        let key = Key::new("pools").index(i);
+        valid
+            .upstream_api_key_envs
+            .push(rp.upstream_api_key_env.take());
+        let name = rp.name.clone().unwrap_or_else(|| format!("pool-{i}"));
+        if name.is_empty() {
+            p.push(format!("{}: must not be empty", key.field("name")));
+        }
+        if !names.insert(name.clone()) {
+            p.push(format!(
+                "{}: duplicate pool name `{name}`",
+                key.field("name")
+            ));
+        }
+        let (pool, indices) = validate_pool(&key, name, rp, &mut valid.models, p);
+        valid.pools.push(pool);
+        valid.worker_indices.push(indices);
+    }
+    if valid.pools.is_empty() {
+        p.push("pools: at least one pool (or a --worker flag) is required".into());
+    }
+    check_pool_references(&valid.pools, p);
+    valid
+}
+
+/// A pool's policy; `None` when rejected (checks that depend on it are skipped).
+fn pool_policy(key: &Key, policy: Option<&str>, p: &mut Problems) -> Option<PolicyKind> {
+    let key = key.field("policy");
+    match policy {
+        None if p.reported(&key) => None,
+        None => Some(PolicyKind::RoundRobin),
+        Some(s) => PolicyKind::parse(s).or_else(|| {
+            p.push(format!(
+                "{key}: unknown policy `{s}` (expected one of: {})",
+                PolicyKind::names()
+            ));
+            None
+        }),
+    }
+}
+
+/// Models, aliases and LoRA adapters: not empty, and each served by one pool
+/// only (`models` holds the names of the pools before).
+fn check_model_names(key: &Key, rp: &RawPool, models: &mut HashSet<String>, p: &mut Problems) {
+    for (list, names) in [
+        ("models", &rp.models),
+        ("aliases", &rp.aliases),
+        ("lora_adapters", &rp.lora_adapters),
+    ] {
+        for (j, m) in names.iter().enumerate() {
+            let at = key.field(list).index(j);
+            if m.is_empty() {
+                p.push(format!("{at}: empty model name"));
+            } else if !models.insert(m.clone()) {
+                p.push(format!(
+                    "{at}: model name `{m}` is served by more than one pool"
+                ));
+            }
+        }
+    }
+    let models_key = key.field("models");
+    if !rp.aliases.is_empty() && rp.models.is_empty() && !p.reported(&models_key) {
+        p.push(format!(
+            "{}: aliases need at least one entry in {models_key}",
+            key.field("aliases")
+        ));
+    }
+}
+
+/// One pool (its name checked already); also the file index of each accepted worker.
+fn validate_pool(
+    key: &Key,
+    name: String,
+    rp: RawPool,
+    models: &mut HashSet<String>,
+    p: &mut Problems,
+) -> (PoolConfig, Vec<usize>) {
+    let policy = pool_policy(key, rp.policy.as_deref(), p);
+    check_model_names(key, &rp, models, p);
+    let max_attempts = rp.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+    if max_attempts == 0 {
+        p.push(format!("{}: must be at least 1", key.field("max_attempts")));
+    }
+    let routing = rp.routing.validate(&key.field("routing"), policy, p);
+    let disaggregated = rp.disaggregation.is_some();
+    let (workers, indices) = validate_workers(&key.field("workers"), rp.workers, disaggregated, p);
+    let dns = rp
+        .dns
+        .map(|d| validate_dns(d, &key.field("dns"), disaggregated, p));
+    let kubernetes = rp
+        .kubernetes
+        .map(|k| validate_kubernetes(k, &key.field("kubernetes"), p));
+    // Not when a worker was rejected: that problem is reported already.
+    let workers_key = key.field("workers");
+    if workers.is_empty() && dns.is_none() && kubernetes.is_none() && !p.reported(&workers_key) {
+        p.push(format!(
+            "{workers_key}: a pool needs at least one worker (or a dns or kubernetes section)"
+        ));
+    }
+    let disaggregation = rp
+        .disaggregation
+        .map(|d| validate_disagg(d, &key.field("disaggregation"), p));
+    let retry_budget_ratio = rp.retry_budget_ratio.unwrap_or(DEFAULT_RETRY_BUDGET_RATIO);
+    if !(0.0..=1.0).contains(&retry_budget_ratio) {
+        p.push(format!(
+            "{}: must be between 0.0 and 1.0, got {retry_budget_ratio}",
+            key.field("retry_budget_ratio")
+        ));
+    }
+    let queue_timeout_key = key.field("queue_timeout_ms");
+    let queue_timeout = ms(
+        p,
+        &queue_timeout_key,
+        rp.queue_timeout_ms,
+        DEFAULT_QUEUE_TIMEOUT_MS,
+    );
+    let forward_headers = forward_headers(key, &rp.forward_headers, p);
+    let pool = PoolConfig {
+        name,
+        models: rp.models,
+        aliases: rp.aliases,
+        policy: policy.unwrap_or(PolicyKind::RoundRobin),
+        max_attempts: max_attempts.max(1),
+        pass_client_auth: rp.pass_client_auth.unwrap_or(false),
+        forward_headers,
+        // Read in `resolve`, after every pure check.
+        upstream_api_key: None,
+        workers,
+        routing,
+        retry_budget_ratio,
+        retry_budget_min: rp.retry_budget_min.unwrap_or(DEFAULT_RETRY_BUDGET_MIN),
+        retry_backoff: Duration::from_millis(
+            rp.retry_backoff_ms.unwrap_or(DEFAULT_RETRY_BACKOFF_MS),
+        ),
+        max_concurrency_per_worker: rp.max_concurrency_per_worker.unwrap_or(0),
+        queue_size: rp.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
+        queue_timeout,
+        dns,
+        disaggregation,
+        upstream_model: rp.upstream_model,
+        upstream_ca_file: rp.upstream_ca_file,
+        fallback: rp.fallback,
+        lora_adapters: rp.lora_adapters,
+        kubernetes,
+    };
+    (pool, indices)
+}
+
+/// A pool's static workers (`key` is `pools[N].workers`), and the index in the
+/// file of each one accepted.
+fn validate_workers(
+    key: &Key,
+    raw: Vec<RawWorker>,
+    disaggregated: bool,
+    p: &mut Problems,
+) -> (Vec<WorkerConfig>, Vec<usize>) {
+    let mut workers = Vec::new();
+    let mut seen = HashSet::new();
+    let mut indices = Vec::new();
+    for (j, w) in raw.into_iter().enumerate() {
+        let key = key.index(j);
+        if disaggregated {
+            check_role(&key.field("labels"), &w.labels, p);
+        }
+        let url = match normalize_worker_url(&w.url) {
+            Ok(url) => url,
+            Err(e) => {
+                p.push(format!("{}: {e}", key.field("url")));
+                continue;
+            }
+        };
+        if !seen.insert(url.clone()) {
+            p.push(format!("{}: duplicate worker `{url}`", key.field("url")));
+        }
+        let price = w.price_per_mtok.unwrap_or(0.0);
+        if !(price.is_finite() && price >= 0.0) {
+            p.push(format!(
+                "{}: must be a finite number >= 0 (got {price})",
+                key.field("price_per_mtok")
+            ));
+        }
+        workers.push(WorkerConfig {
+            url,
+            labels: w.labels,
+            price_per_mtok: price,
+        });
+        indices.push(j);
+    }
+    (workers, indices)
+}
+
+/// `[pools.dns]`.
+fn validate_dns(d: RawDns, key: &Key, disaggregated: bool, p: &mut Problems) -> DnsConfig {
+    if disaggregated {
+        check_role(&key.field("labels"), &d.labels, p);
+    }
+    if d.name.is_empty() {
+        p.push(format!("{}: must not be empty", key.field("name")));
+    }
+    if d.port == 0 {
+        p.push(format!("{}: must be greater than 0", key.field("port")));
+    }
+    DnsConfig {
+        name: d.name,
+        port: d.port,
+        interval: ms(
+            p,
+            &key.field("interval_ms"),
+            d.interval_ms,
+            DEFAULT_DNS_INTERVAL_MS,
+        ),
+        labels: d.labels,
+    }
+}
+
+/// `[pools.disaggregation]`.
+fn validate_disagg(d: RawDisagg, key: &Key, p: &mut Problems) -> DisaggConfig {
+    let mode = match d.mode.as_str() {
+        "vllm" => DisaggMode::Vllm,
+        "sglang" => DisaggMode::Sglang,
+        other => {
+            p.push(format!(
+                "{}: unknown mode `{other}` (expected one of: vllm, sglang)",
+                key.field("mode")
+            ));
+            DisaggMode::Vllm
+        }
+    };
+    DisaggConfig {
+        mode,
+        min_uncached_tokens: d.min_uncached_tokens.unwrap_or(DEFAULT_MIN_UNCACHED_TOKENS),
+        bootstrap_port: d.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT),
+        max_prefill_response_bytes: d
+            .max_prefill_response_bytes
+            .unwrap_or(DEFAULT_MAX_PREFILL_RESPONSE_BYTES),
+    }
+}
+
+/// Pool names (`:` is reserved) and fallbacks, which name other pools.
+fn check_pool_references(pools: &[PoolConfig], p: &mut Problems) {
+    for (i, pool) in pools.iter().enumerate() {
+        let key = Key::new("pools").index(i);
+        if pool.name.contains(':') {
+            let name = key.field("name");
+            p.push(format!("{name}: `:` is reserved, got `{}`", pool.name));
+        }
+        let fallback = key.field("fallback");
+        for f in &pool.fallback {
+            if f == &pool.name {
+                p.push(format!("{fallback}: a pool cannot fall back to itself"));
+            } else if !pools.iter().any(|q| &q.name == f) {
+                let names: Vec<&str> = pools.iter().map(|q| q.name.as_str()).collect();
+                p.push(format!("{fallback}: {}", no_pool(f, &names)));
+            }
+        }
+    }
+}
+
+/// Static region labels must name a declared region (a typo would otherwise put
+/// a worker outside every residency zone). Nothing to check without regions.
+fn check_region_labels(pools: &ValidPools, global: &GlobalConfig, p: &mut Problems) {
+    if global.regions.is_empty() {
+        return;
+    }
+    let mut check = |key: Key, labels: &BTreeMap<String, String>| {
+        if let Some(r) = labels.get(global::REGION_LABEL) {
+            if global.region_id(r).is_none() {
+                p.push(format!(
+                    "{}: unknown region `{r}` (declared: {})",
+                    key.field("labels").field(global::REGION_LABEL),
+                    global.names(global.all_regions())
+                ));
+            }
+        }
+    };
+    for (i, pool) in pools.pools.iter().enumerate() {
+        let key = Key::new("pools").index(i);
+        for (w, j) in pool.workers.iter().zip(&pools.worker_indices[i]) {
+            check(key.field("workers").index(*j), &w.labels);
+        }
+        if let Some(d) = &pool.dns {
+            check(key.field("dns"), &d.labels);
+        }
+    }
+}
+
+fn validate_kubernetes(k: RawKubernetes, key: &Key, p: &mut Problems) -> KubernetesConfig {
     if k.namespace.is_empty() {
-        p.push(format!("{key}.namespace: must not be empty"));
+        p.push(format!("{}: must not be empty", key.field("namespace")));
     }
     if k.port == Some(0) {
-        p.push(format!("{key}.port: must be greater than 0"));
+        p.push(format!("{}: must be greater than 0", key.field("port")));
     }
     if k.port.is_none() && k.port_annotation.is_none() {
         p.push(format!(
@@ -1159,19 +1306,21 @@ fn validate_kubernetes(k: RawKubernetes, key: &str, p: &mut Problems) -> Kuberne
         ));
     }
     if k.port_annotation.as_deref() == Some("") {
-        p.push(format!("{key}.port_annotation: must not be empty"));
+        let annotation = key.field("port_annotation");
+        p.push(format!("{annotation}: must not be empty"));
     }
     for (from, to) in &k.label_map {
         if from.is_empty() || to.is_empty() {
             p.push(format!(
-                "{key}.label_map: empty label name in `{from}` = `{to}`"
+                "{}: empty label name in `{from}` = `{to}`",
+                key.field("label_map")
             ));
         }
     }
     let api_url = k.api_url.and_then(|u| match normalize_worker_url(&u) {
         Ok(u) => Some(u),
         Err(e) => {
-            p.push(format!("{key}.api_url: {e}"));
+            p.push(format!("{}: {e}", key.field("api_url")));
             None
         }
     });
@@ -1193,10 +1342,11 @@ fn no_pool(name: &str, pools: &[&str]) -> String {
 /// Values of the worker label `role` in a disaggregated pool.
 const ROLES: [&str; 3] = ["prefill", "decode", "both"];
 
-fn check_role(key: &str, labels: &BTreeMap<String, String>, p: &mut Problems) {
+fn check_role(key: &Key, labels: &BTreeMap<String, String>, p: &mut Problems) {
     if let Some(r) = labels.get("role").filter(|r| !ROLES.contains(&r.as_str())) {
         p.push(format!(
-            "{key}.role: unknown role `{r}` (expected one of: {})",
+            "{}: unknown role `{r}` (expected one of: {})",
+            key.field("role"),
             ROLES.join(", ")
         ));
     }
@@ -1283,7 +1433,7 @@ fn validate_health(h: RawHealth, p: &mut Problems) -> HealthConfig {
 }
 
 /// A pool's `forward_headers`: valid header names, lower-cased.
-fn forward_headers(key: &str, names: &[String], p: &mut Problems) -> Vec<String> {
+fn forward_headers(key: &Key, names: &[String], p: &mut Problems) -> Vec<String> {
     names
         .iter()
         .enumerate()
@@ -1291,7 +1441,8 @@ fn forward_headers(key: &str, names: &[String], p: &mut Problems) -> Vec<String>
             Ok(h) => Some(h.as_str().to_string()),
             Err(_) => {
                 p.push(format!(
-                    "{key}.forward_headers[{i}]: `{n}` is not a valid header name"
+                    "{}: `{n}` is not a valid header name",
+                    key.field("forward_headers").index(i)
                 ));
                 None
             }
@@ -1318,22 +1469,15 @@ fn weak_token(t: &str) -> Option<&'static str> {
     None
 }
 
-fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<AdminConfig> {
+/// `[admin]`: `None` when off (no `listen`) or rejected; the token is read in `resolve`.
+fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<resolve::PendingAdmin> {
     let listen = a.listen?;
-    let addr = listen_addr("admin.listen", &listen, p);
-    let Some(var) = a.token_env else {
+    let listen = listen_addr("admin.listen", &listen, p);
+    let Some(token_env) = a.token_env else {
         p.push("admin.token_env: required when admin.listen is set (the admin API is always authenticated)".into());
         return None;
     };
-    let token = p.secret("admin.token_env", &var)?;
-    if let Some(why) = weak_token(&token) {
-        p.push(format!("admin.token_env: the token in `{var}` {why}"));
-        return None;
-    }
-    Some(AdminConfig {
-        listen: addr?,
-        token,
-    })
+    Some(resolve::PendingAdmin { listen, token_env })
 }
 
 #[cfg(test)]
@@ -1361,6 +1505,83 @@ mod tests {
         )
         .is_some());
         assert!(weak_token("3f9c1a7e52b04d6e8a1f").is_none());
+    }
+
+    #[test]
+    fn debug_of_a_config_shows_no_secret() {
+        let vars = [
+            (
+                "SWITCHYARD_TEST_DEBUG_ADMIN_TOKEN",
+                "adm-3f9c1a7e52b04d6e8a1f",
+            ),
+            ("SWITCHYARD_TEST_DEBUG_TENANT_KEY", "sk-tenant-8a1f3f9c1a7e"),
+            ("SWITCHYARD_TEST_DEBUG_UPSTREAM_KEY", "sk-upstream-52b04d6e"),
+        ];
+        for (var, value) in vars {
+            std::env::set_var(var, value);
+        }
+        let c = check(
+            r#"
+            [admin]
+            listen = "127.0.0.1:9001"
+            token_env = "SWITCHYARD_TEST_DEBUG_ADMIN_TOKEN"
+            [[tenants]]
+            name = "acme"
+            api_key_env = "SWITCHYARD_TEST_DEBUG_TENANT_KEY"
+            [[pools]]
+            models = ["m"]
+            upstream_api_key_env = "SWITCHYARD_TEST_DEBUG_UPSTREAM_KEY"
+            workers = [{ url = "http://h:1" }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.admin.as_ref().unwrap().token.expose(), vars[0].1);
+        assert_eq!(c.tenancy.tenants[0].api_key.expose(), vars[1].1);
+        let upstream = c.pools[0].upstream_api_key.as_ref().unwrap();
+        assert_eq!(upstream.expose(), vars[2].1);
+        for shown in [
+            format!("{c:?}"),
+            format!("{c:#?}"),
+            format!("{:?}", c.tenancy.tenants),
+        ] {
+            for (_, value) in vars {
+                assert!(!shown.contains(value), "`{value}` shown in {shown}");
+            }
+        }
+        let admin = format!("{:?}", c.admin);
+        assert!(admin.contains("token: ***"), "{admin}");
+        let pool = format!("{:?}", c.pools[0]);
+        assert!(pool.contains("upstream_api_key: Some(***)"), "{pool}");
+    }
+
+    #[test]
+    fn secrets_and_files_are_read_after_the_file_is_checked() {
+        let e = check(
+            r#"
+            [admin]
+            listen = "127.0.0.1:9001"
+            token_env = "SWITCHYARD_TEST_RESOLVE_UNSET_TOKEN"
+            [[pools]]
+            models = ["m"]
+            upstream_ca_file = "/nonexistent/switchyard-test-ca.pem"
+            workers = [{ url = "ftp://h:1" }]
+            "#,
+        )
+        .unwrap_err();
+        let keys: Vec<&str> = e
+            .problems
+            .iter()
+            .map(|p| p.split_once(": ").unwrap().0)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "pools[0].workers[0].url",
+                "admin.token_env",
+                "pools[0].upstream_ca_file"
+            ],
+            "{e}"
+        );
     }
 
     #[test]
@@ -1700,6 +1921,33 @@ mod tests {
         }
         // Without disaggregation the role label is free-form.
         assert!(!e.contains("anything"), "{e}");
+    }
+
+    #[test]
+    fn aliases_and_adapters_are_named_by_their_own_index() {
+        let e = check(
+            r#"
+            [[pools]]
+            models = ["m", "n"]
+            aliases = ["a", ""]
+            lora_adapters = ["l", "m"]
+            workers = [{ url = "http://h:1" }]
+            [[pools]]
+            models = ["o"]
+            lora_adapters = ["", "a"]
+            workers = [{ url = "http://h:2" }]
+            "#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.problems,
+            [
+                "pools[0].aliases[1]: empty model name",
+                "pools[0].lora_adapters[1]: model name `m` is served by more than one pool",
+                "pools[1].lora_adapters[0]: empty model name",
+                "pools[1].lora_adapters[1]: model name `a` is served by more than one pool",
+            ]
+        );
     }
 
     #[test]

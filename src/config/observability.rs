@@ -3,6 +3,8 @@
 //! (serde) shapes, their validation and the typed results, kept apart from the
 //! core schema so the sections can evolve without touching pools and workers.
 
+use super::key::Key;
+use super::resolve::{PendingTenancy, PendingTenant};
 use super::Problems;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -283,10 +285,10 @@ pub struct TenancyConfig {
     pub trust_tenant_header: bool,
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct TenantConfig {
     pub name: String,
-    pub api_key: String,
+    pub api_key: super::Secret,
     /// Regions this tenant's requests may be served in (a hard constraint).
     pub residency: Option<super::global::Residency>,
 }
@@ -337,7 +339,7 @@ pub(crate) fn validate(
     pools: &[&str],
     global: &super::global::GlobalConfig,
     p: &mut Problems,
-) -> (ObservabilityConfig, TenancyConfig) {
+) -> (ObservabilityConfig, PendingTenancy) {
     let t = raw.telemetry;
     let max_tenant_labels = positive(
         p,
@@ -363,27 +365,47 @@ pub(crate) fn validate(
     if idle == 0 {
         p.push("telemetry.idle_worker_after_ms: must be greater than 0".into());
     }
-
-    let a = raw.access_log;
-    let access_log = if a.enabled.unwrap_or(false) {
-        let path = a.path.unwrap_or_else(|| "-".into());
-        let target = match path.as_str() {
-            "-" => AccessLogTarget::Stdout,
-            "" => {
-                p.push("access_log.path: must not be empty (use \"-\" for stdout)".into());
-                AccessLogTarget::Stdout
-            }
-            f => AccessLogTarget::File(PathBuf::from(f)),
-        };
-        Some(AccessLogConfig {
-            target,
-            buffer: positive(p, "access_log.buffer", a.buffer, DEFAULT_ACCESS_LOG_BUFFER),
-        })
-    } else {
-        None
+    // Fields are evaluated in the order written: the order of the problems.
+    let observability = ObservabilityConfig {
+        max_tenant_labels,
+        max_region_labels,
+        idle_worker_after: Duration::from_millis(idle.max(1)),
+        dashboard: t.dashboard.unwrap_or(true),
+        dashboard_window_s,
+        access_log: validate_access_log(raw.access_log, p),
+        tracing: validate_tracing(raw.tracing, p),
+        prices: validate_prices(raw.prices, pools, p),
+        scaling: validate_scaling(&raw.scaling, pools, p),
     };
+    let tenancy = PendingTenancy {
+        tenants: validate_tenants(raw.tenants, global, p),
+        trust_tenant_header: raw.tenancy.trust_tenant_header.unwrap_or(false),
+    };
+    (observability, tenancy)
+}
 
-    let tr = raw.tracing;
+/// `[access_log]`: `None` unless enabled.
+fn validate_access_log(a: RawAccessLog, p: &mut Problems) -> Option<AccessLogConfig> {
+    if !a.enabled.unwrap_or(false) {
+        return None;
+    }
+    let path = a.path.unwrap_or_else(|| "-".into());
+    let target = match path.as_str() {
+        "-" => AccessLogTarget::Stdout,
+        "" => {
+            p.push("access_log.path: must not be empty (use \"-\" for stdout)".into());
+            AccessLogTarget::Stdout
+        }
+        f => AccessLogTarget::File(PathBuf::from(f)),
+    };
+    Some(AccessLogConfig {
+        target,
+        buffer: positive(p, "access_log.buffer", a.buffer, DEFAULT_ACCESS_LOG_BUFFER),
+    })
+}
+
+/// `[tracing]`: `None` without an (acceptable) OTLP endpoint.
+fn validate_tracing(tr: RawTracing, p: &mut Problems) -> Option<TracingConfig> {
     let ratio = tr.sample_ratio.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&ratio) {
         p.push(format!(
@@ -391,132 +413,147 @@ pub(crate) fn validate(
         ));
     }
     let buffer = positive(p, "tracing.buffer", tr.buffer, DEFAULT_TRACE_BUFFER);
-    let tracing = tr.otlp_endpoint.and_then(|ep| {
-        let ep = ep.trim_end_matches('/').to_string();
-        match ep.parse::<http::Uri>() {
-            Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {}
-            Ok(u) if u.scheme_str() == Some("https") => {
-                p.push(format!(
-                    "tracing.otlp_endpoint: `{ep}`: https is not supported by the built-in exporter; send to a local collector over http"
-                ));
-                return None;
-            }
-            _ => {
-                p.push(format!(
-                    "tracing.otlp_endpoint: `{ep}` must be an http:// URL with a host"
-                ));
-                return None;
-            }
-        }
-        let traces_url = if ep.ends_with("/v1/traces") {
-            ep
-        } else {
-            format!("{ep}/v1/traces")
-        };
-        Some(TracingConfig {
-            traces_url,
-            service_name: tr
-                .service_name
-                .clone()
-                .unwrap_or_else(|| DEFAULT_SERVICE_NAME.into()),
-            sample_ratio: ratio.clamp(0.0, 1.0),
-            buffer,
-        })
-    });
-
-    let mut prices = Vec::new();
-    for (i, r) in raw.prices.into_iter().enumerate() {
-        let key = format!("prices[{i}]");
-        let prompt = price_value(p, &format!("{key}.prompt_per_mtok"), r.prompt_per_mtok);
-        let cached = price_value(
-            p,
-            &format!("{key}.cached_prompt_per_mtok"),
-            r.cached_prompt_per_mtok,
-        );
-        let output = price_value(p, &format!("{key}.output_per_mtok"), r.output_per_mtok);
-        let gpu = price_value(p, &format!("{key}.gpu_hour_usd"), r.gpu_hour_usd);
-        let token_priced = prompt.is_some() || cached.is_some() || output.is_some();
-        let rate = match (token_priced, gpu) {
-            (true, Some(_)) => {
-                p.push(format!(
-                    "{key}: set either per-token prices or gpu_hour_usd, not both"
-                ));
-                continue;
-            }
-            (false, None) => {
-                p.push(format!(
-                    "{key}: needs prompt_per_mtok/cached_prompt_per_mtok/output_per_mtok or gpu_hour_usd"
-                ));
-                continue;
-            }
-            (true, None) => {
-                let prompt = prompt.unwrap_or(0.0);
-                PriceRate::Tokens {
-                    prompt,
-                    cached_prompt: cached.unwrap_or(prompt),
-                    output: output.unwrap_or(0.0),
-                }
-            }
-            (false, Some(usd)) => {
-                let floor = r
-                    .throughput_floor_tps
-                    .unwrap_or(DEFAULT_THROUGHPUT_FLOOR_TPS);
-                if !(floor.is_finite() && floor > 0.0) {
-                    p.push(format!(
-                        "{key}.throughput_floor_tps: must be a finite number > 0 (got {floor})"
-                    ));
-                }
-                PriceRate::GpuHour {
-                    usd,
-                    throughput_floor_tps: if floor.is_finite() && floor > 0.0 {
-                        floor
-                    } else {
-                        DEFAULT_THROUGHPUT_FLOOR_TPS
-                    },
-                }
-            }
-        };
-        if r.throughput_floor_tps.is_some() && matches!(rate, PriceRate::Tokens { .. }) {
+    let ep = tr.otlp_endpoint?;
+    let ep = ep.trim_end_matches('/').to_string();
+    match ep.parse::<http::Uri>() {
+        Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() => {}
+        Ok(u) if u.scheme_str() == Some("https") => {
             p.push(format!(
-                "{key}.throughput_floor_tps: only applies with gpu_hour_usd"
+                "tracing.otlp_endpoint: `{ep}`: https is not supported by the built-in exporter; send to a local collector over http"
             ));
+            return None;
         }
-        if let Some(pool) = &r.pool {
-            if !pools.is_empty() && !pools.contains(&pool.as_str()) {
-                p.push(format!("{key}.pool: {}", super::no_pool(pool, pools)));
+        _ => {
+            p.push(format!(
+                "tracing.otlp_endpoint: `{ep}` must be an http:// URL with a host"
+            ));
+            return None;
+        }
+    }
+    let traces_url = if ep.ends_with("/v1/traces") {
+        ep
+    } else {
+        format!("{ep}/v1/traces")
+    };
+    Some(TracingConfig {
+        traces_url,
+        service_name: tr
+            .service_name
+            .unwrap_or_else(|| DEFAULT_SERVICE_NAME.into()),
+        sample_ratio: ratio.clamp(0.0, 1.0),
+        buffer,
+    })
+}
+
+/// `[[prices]]`, each either per token or per GPU hour.
+fn validate_prices(raw: Vec<RawPrice>, pools: &[&str], p: &mut Problems) -> Vec<PriceConfig> {
+    raw.into_iter()
+        .enumerate()
+        .filter_map(|(i, r)| validate_price(&Key::new("prices").index(i), r, pools, p))
+        .collect()
+}
+
+/// One price (`key` is `prices[N]`); `None` when it sets neither kind or both.
+fn validate_price(key: &Key, r: RawPrice, pools: &[&str], p: &mut Problems) -> Option<PriceConfig> {
+    let prompt = price_value(p, &key.field("prompt_per_mtok"), r.prompt_per_mtok);
+    let cached_key = key.field("cached_prompt_per_mtok");
+    let cached = price_value(p, &cached_key, r.cached_prompt_per_mtok);
+    let output = price_value(p, &key.field("output_per_mtok"), r.output_per_mtok);
+    let gpu = price_value(p, &key.field("gpu_hour_usd"), r.gpu_hour_usd);
+    let token_priced = prompt.is_some() || cached.is_some() || output.is_some();
+    let floor_key = key.field("throughput_floor_tps");
+    let rate = match (token_priced, gpu) {
+        (true, Some(_)) => {
+            p.push(format!(
+                "{key}: set either per-token prices or gpu_hour_usd, not both"
+            ));
+            return None;
+        }
+        (false, None) => {
+            p.push(format!(
+                "{key}: needs prompt_per_mtok/cached_prompt_per_mtok/output_per_mtok or gpu_hour_usd"
+            ));
+            return None;
+        }
+        (true, None) => {
+            let prompt = prompt.unwrap_or(0.0);
+            PriceRate::Tokens {
+                prompt,
+                cached_prompt: cached.unwrap_or(prompt),
+                output: output.unwrap_or(0.0),
             }
         }
-        prices.push(PriceConfig {
-            model: r.model,
-            pool: r.pool,
-            tier: r.tier,
-            rate,
-        });
+        (false, Some(usd)) => {
+            let floor = r
+                .throughput_floor_tps
+                .unwrap_or(DEFAULT_THROUGHPUT_FLOOR_TPS);
+            let valid = floor.is_finite() && floor > 0.0;
+            if !valid {
+                p.push(format!(
+                    "{floor_key}: must be a finite number > 0 (got {floor})"
+                ));
+            }
+            PriceRate::GpuHour {
+                usd,
+                throughput_floor_tps: if valid {
+                    floor
+                } else {
+                    DEFAULT_THROUGHPUT_FLOOR_TPS
+                },
+            }
+        }
+    };
+    if r.throughput_floor_tps.is_some() && matches!(rate, PriceRate::Tokens { .. }) {
+        p.push(format!("{floor_key}: only applies with gpu_hour_usd"));
     }
+    if let Some(pool) = &r.pool {
+        if !pools.is_empty() && !pools.contains(&pool.as_str()) {
+            let why = super::no_pool(pool, pools);
+            p.push(format!("{}: {why}", key.field("pool")));
+        }
+    }
+    Some(PriceConfig {
+        model: r.model,
+        pool: r.pool,
+        tier: r.tier,
+        rate,
+    })
+}
 
-    let defaults = scaling_targets(p, "scaling", &raw.scaling.defaults(), None);
+/// `[scaling]`: defaults, and per-pool overrides that must name a pool.
+fn validate_scaling(raw: &RawScaling, pools: &[&str], p: &mut Problems) -> ScalingConfig {
+    let defaults = scaling_targets(p, "scaling", &raw.defaults(), None);
     let mut scaling_pools = BTreeMap::new();
-    for (name, t) in &raw.scaling.pools {
-        let key = format!("scaling.pools.{name}");
+    for (name, t) in &raw.pools {
+        let key = Key::new("scaling").field("pools").field(name);
         if !pools.contains(&name.as_str()) && !p.rejected_at("pools") {
             p.push(format!("{key}: {}", super::no_pool(name, pools)));
         }
         scaling_pools.insert(name.clone(), scaling_targets(p, &key, t, Some(&defaults)));
     }
+    ScalingConfig {
+        defaults,
+        pools: scaling_pools,
+    }
+}
 
-    let mut tenants: Vec<TenantConfig> = Vec::new();
-    // Every tenant's name, also of those whose key is not set.
-    let mut names: Vec<String> = Vec::new();
-    for (i, t) in raw.tenants.into_iter().enumerate() {
-        let key = format!("tenants[{i}]");
+/// `[[tenants]]`: names and residency; the keys are read in `resolve`.
+fn validate_tenants(
+    raw: Vec<RawTenant>,
+    global: &super::global::GlobalConfig,
+    p: &mut Problems,
+) -> Vec<PendingTenant> {
+    let mut tenants: Vec<PendingTenant> = Vec::new();
+    for (i, t) in raw.into_iter().enumerate() {
+        let key = Key::new("tenants").index(i);
+        let name = key.field("name");
         if t.name.is_empty() {
-            p.push(format!("{key}.name: must not be empty"));
+            p.push(format!("{name}: must not be empty"));
         } else if t.name == ANONYMOUS_TENANT || t.name == crate::config::OTHER_LABEL {
-            p.push(format!("{key}.name: `{}` is reserved", t.name));
-        } else if names.contains(&t.name) {
-            p.push(format!("{key}.name: duplicate tenant `{}`", t.name));
+            p.push(format!("{name}: `{}` is reserved", t.name));
+        } else if tenants.iter().any(|o| o.name == t.name) {
+            p.push(format!("{name}: duplicate tenant `{}`", t.name));
         }
-        names.push(t.name.clone());
         // Regions or zones that were rejected while reading are missing here:
         // a residency naming one is not reported again.
         let zones_lost = p.rejected_at("regions") || p.rejected_at("residency");
@@ -524,47 +561,20 @@ pub(crate) fn validate(
             let res = global.residency(r);
             if res.is_none() && !zones_lost {
                 p.push(format!(
-                    "{key}.residency: `{r}` is neither a residency zone nor a declared region"
+                    "{}: `{r}` is neither a residency zone nor a declared region",
+                    key.field("residency")
                 ));
             }
             res
         });
-        let Some(k) = p.secret(&format!("{key}.api_key_env"), &t.api_key_env) else {
-            continue;
-        };
-        if tenants.iter().any(|o| o.api_key == k) {
-            p.push(format!(
-                "{key}.api_key_env: the key in `{}` is already another tenant's",
-                t.api_key_env
-            ));
-        }
-        tenants.push(TenantConfig {
+        tenants.push(PendingTenant {
+            key,
             name: t.name,
-            api_key: k,
+            api_key_env: t.api_key_env,
             residency,
         });
     }
-
-    (
-        ObservabilityConfig {
-            max_tenant_labels,
-            max_region_labels,
-            idle_worker_after: Duration::from_millis(idle.max(1)),
-            dashboard: t.dashboard.unwrap_or(true),
-            dashboard_window_s,
-            access_log,
-            tracing,
-            prices,
-            scaling: ScalingConfig {
-                defaults,
-                pools: scaling_pools,
-            },
-        },
-        TenancyConfig {
-            tenants,
-            trust_tenant_header: raw.tenancy.trust_tenant_header.unwrap_or(false),
-        },
-    )
+    tenants
 }
 
 fn scaling_targets(

@@ -3,7 +3,7 @@
 //! reading the file is set aside; later problems at or under its key would only
 //! be consequences of that rejection and are dropped.
 
-use super::ConfigError;
+use super::{ConfigError, Secret};
 
 /// Whether the secret environment variables (`*_env` keys) must be set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -89,13 +89,13 @@ impl Problems {
 
     /// The secret in the environment variable `var`, named by the key `key`. Unset
     /// or empty: a problem, or a note when secrets are optional.
-    pub(crate) fn secret(&mut self, key: &str, var: &str) -> Option<String> {
+    pub(crate) fn secret(&mut self, key: &str, var: &str) -> Option<Secret> {
         if var.is_empty() {
             self.push(format!("{key}: must name an environment variable"));
             return None;
         }
         match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Some(v),
+            Ok(v) if !v.is_empty() => Some(Secret::new(v)),
             _ => {
                 let problem = format!("{key}: environment variable `{var}` is not set");
                 match self.secrets {

@@ -109,9 +109,9 @@ impl Snapshot {
         let s = self.splits.get(model)?;
         let usable = |i: usize| {
             s.routes[i].as_ref().is_some_and(|r| {
-                r.workers.iter().any(|w| {
-                    w.is_available() && residency.is_none_or(|res| res.regions.contains(w.region))
-                })
+                r.workers
+                    .iter()
+                    .any(|w| w.is_available() && residency.is_none_or(|res| res.admits(w.region)))
             })
         };
         let i = s.split.pick(session, usable);
@@ -361,7 +361,7 @@ impl Registry {
             let upstream_auth = pc
                 .upstream_api_key
                 .as_ref()
-                .and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok())
+                .and_then(|k| HeaderValue::from_str(&format!("Bearer {}", k.expose())).ok())
                 .map(|mut v| {
                     v.set_sensitive(true);
                     v
@@ -469,7 +469,10 @@ impl Registry {
                 let metrics = ws
                     .iter()
                     .map(|w| {
-                        let region = w.labels.get("region").map_or("unknown", String::as_str);
+                        let region = w
+                            .labels
+                            .get(crate::config::global::REGION_LABEL)
+                            .map_or("unknown", String::as_str);
                         Arc::new(PairMetrics::new(
                             model_label.clone(),
                             pool_label.clone(),

@@ -86,8 +86,7 @@ impl ForwardContext<'_> {
     /// The request's residency allows `worker`'s region.
     #[inline]
     pub(crate) fn allows(&self, worker: &Worker) -> bool {
-        self.residency
-            .is_none_or(|r| r.regions.contains(worker.region))
+        self.residency.is_none_or(|r| r.admits(worker.region))
     }
 
     /// The error when no worker could take the request: one naming the residency

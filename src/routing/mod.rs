@@ -144,8 +144,7 @@ impl<'a> RouteRequest<'a> {
     /// worker's region).
     #[inline]
     pub fn allows(&self, worker: &Worker) -> bool {
-        self.residency
-            .is_none_or(|r| r.regions.contains(worker.region))
+        self.residency.is_none_or(|r| r.admits(worker.region))
     }
 
     /// The session key: `x-session-id`, else the body's `user`.

@@ -537,7 +537,7 @@ eu = ["eu-west", "eu-central"]
                 let mut w = Worker::new(&wc.url, wc.labels.clone(), Default::default()).unwrap();
                 w.region = wc
                     .labels
-                    .get("region")
+                    .get(crate::config::global::REGION_LABEL)
                     .and_then(|r| config.global.region_id(r));
                 Arc::new(w)
             })
@@ -720,7 +720,7 @@ eu = ["eu-west", "eu-central"]
                 .map(|z| f.config.global.residency(z).unwrap());
             let ok = |i: usize| f.workers[i].is_available() && accepted & (1 << i) != 0;
             let d = pick(&f, res.as_ref(), &ok);
-            let allowed = |i: usize| res.as_ref().is_none_or(|r| r.regions.contains(f.workers[i].region));
+            let allowed = |i: usize| res.as_ref().is_none_or(|r| r.admits(f.workers[i].region));
             match d {
                 Some(d) => {
                     proptest::prop_assert!(ok(d.index) && allowed(d.index), "{d:?}");

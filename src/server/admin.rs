@@ -82,7 +82,7 @@ async fn authenticate(State(gw): State<Arc<Gateway>>, req: Request, next: Next) 
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| bearer_token(v.as_bytes()));
     match given {
-        Some(t) if same(t, admin.token.as_bytes()) => next.run(req).await,
+        Some(t) if same(t, admin.token.expose().as_bytes()) => next.run(req).await,
         _ => {
             let mut resp = error(
                 StatusCode::UNAUTHORIZED,

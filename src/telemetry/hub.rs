@@ -36,7 +36,7 @@ pub const NONE_LABEL: &str = "none";
 /// Region of a worker without a `region` label.
 pub const UNKNOWN_REGION: &str = "unknown";
 /// Worker label naming the region.
-pub const REGION_LABEL_KEY: &str = "region";
+pub const REGION_LABEL_KEY: &str = crate::config::global::REGION_LABEL;
 /// Worker label naming the price tier.
 pub const TIER_LABEL_KEY: &str = "tier";
 /// Seconds of per-pool TTFT kept for the scaling signal.

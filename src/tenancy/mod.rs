@@ -60,7 +60,7 @@ impl Tenancy {
             .iter()
             .map(|t| {
                 (
-                    key_hash(t.api_key.as_bytes()),
+                    key_hash(t.api_key.expose().as_bytes()),
                     Tenant {
                         name: Arc::from(t.name.as_str()),
                         authenticated: true,

@@ -1,0 +1,87 @@
+//! The second step of validation: what the file points to outside itself. Once
+//! the file's own content is checked (without reading anything else: `mod.rs`,
+//! `global.rs`, `observability.rs`), secrets are read from their environment
+//! variables, here and nowhere else, and CA files are read.
+
+use super::key::Key;
+use super::observability::{TenancyConfig, TenantConfig};
+use super::{weak_token, AdminConfig, PoolConfig, Problems, Residency};
+use std::net::SocketAddr;
+
+/// The admin listener before its token is read. `listen` is `None` when rejected.
+pub(crate) struct PendingAdmin {
+    pub listen: Option<SocketAddr>,
+    pub token_env: String,
+}
+
+/// A tenant (`key` is `tenants[N]`) before its API key is read.
+pub(crate) struct PendingTenant {
+    pub key: Key,
+    pub name: String,
+    pub api_key_env: String,
+    pub residency: Option<Residency>,
+}
+
+/// `[tenancy]` and `[[tenants]]` before the keys are read.
+pub(crate) struct PendingTenancy {
+    pub tenants: Vec<PendingTenant>,
+    pub trust_tenant_header: bool,
+}
+
+/// The admin token: set, and not too weak to accept.
+pub(crate) fn admin(a: Option<PendingAdmin>, p: &mut Problems) -> Option<AdminConfig> {
+    let a = a?;
+    let token = p.secret("admin.token_env", &a.token_env)?;
+    if let Some(why) = weak_token(token.expose()) {
+        let var = &a.token_env;
+        p.push(format!("admin.token_env: the token in `{var}` {why}"));
+        return None;
+    }
+    Some(AdminConfig {
+        listen: a.listen?,
+        token,
+    })
+}
+
+/// Each pool's upstream API key (`key_envs[i]` names pool `i`'s variable) and
+/// its CA file, which must be readable.
+pub(crate) fn pools(pools: &mut [PoolConfig], key_envs: &[Option<String>], p: &mut Problems) {
+    for (i, (pool, var)) in pools.iter_mut().zip(key_envs).enumerate() {
+        let key = Key::new("pools").index(i);
+        pool.upstream_api_key = var
+            .as_deref()
+            .and_then(|var| p.secret(&key.field("upstream_api_key_env"), var));
+        if let Some(f) = &pool.upstream_ca_file {
+            if let Err(e) = std::fs::read(f) {
+                p.push(format!("{}: `{f}`: {e}", key.field("upstream_ca_file")));
+            }
+        }
+    }
+}
+
+/// The tenants' API keys, each one tenant's; a tenant whose key is not set is
+/// left out.
+pub(crate) fn tenancy(t: PendingTenancy, p: &mut Problems) -> TenancyConfig {
+    let mut tenants: Vec<TenantConfig> = Vec::new();
+    for t in t.tenants {
+        let key_env = t.key.field("api_key_env");
+        let Some(api_key) = p.secret(&key_env, &t.api_key_env) else {
+            continue;
+        };
+        if tenants.iter().any(|o| o.api_key == api_key) {
+            p.push(format!(
+                "{key_env}: the key in `{}` is already another tenant's",
+                t.api_key_env
+            ));
+        }
+        tenants.push(TenantConfig {
+            name: t.name,
+            api_key,
+            residency: t.residency,
+        });
+    }
+    TenancyConfig {
+        tenants,
+        trust_tenant_header: t.trust_tenant_header,
+    }
+}
