@@ -5,7 +5,8 @@
 //!
 //! Policies: the baselines (`round_robin`, `random`) and the [`Pipeline`]: filters
 //! (eligible labels, `accept`, stale stats) → weighted scorers in [0, 1] (prefix,
-//! queue, cost, session, kv) → bounded-load / headroom spill → the highest score,
+//! queue, cost, session, kv; one [`scorers::Scorer`] each, in `scorers/`) →
+//! bounded-load / headroom spill → the highest score,
 //! ties broken by rendezvous hashing on a stable request key. `least_queue`,
 //! `prefix`, `cost` and `session` are presets of the pipeline; `weighted` takes
 //! its scorers from the config.
@@ -22,6 +23,7 @@ mod pipeline;
 pub mod prefix_index;
 pub mod region;
 pub mod rendezvous;
+pub mod scorers;
 pub mod split;
 
 pub use baseline::{RandomPolicy, RoundRobin};

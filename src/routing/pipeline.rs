@@ -9,11 +9,13 @@
 //! queue reaches `target_queue` is passed over while any other has headroom.
 
 use super::prefix_index::{PrefixIndex, REPLICAS};
+use super::scorers::{self, Candidate, PickView, Prepared, Scorer};
 use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
 use crate::config::{PolicyKind, ScorerKind};
 use crate::pool::stats::{now_ms, Freshness};
 use crate::pool::Worker;
 use rand::Rng;
+use smallvec::SmallVec;
 use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -52,7 +54,10 @@ pub struct Pipeline {
     /// The `prefix` preset: pick by estimated time to first token
     /// ([`Pipeline::pick_prefix`]) rather than by weighted scores.
     first_token_cost: bool,
-    scorers: Vec<(ScorerKind, f64)>,
+    /// The weighted scorers, built once with the pool.
+    scorers: Vec<(Box<dyn Scorer>, f64)>,
+    /// Some scorer reads the prefix blocks.
+    uses_prefix: bool,
     bounded: bool,
     headroom: bool,
     power_of_two: bool,
@@ -83,34 +88,26 @@ pub struct Pipeline {
 /// `pending_tokens`). Among workers with no prefill queued, the shorter queue wins.
 pub const QUEUE_TOKENS: f64 = 16.0;
 
-/// One candidate during a pick.
-#[derive(Clone, Copy)]
-struct Cand {
-    i: usize,
-    /// Estimated requests queued or running.
-    queue: f64,
-    /// Estimated wait before a new request's prefill, in prompt tokens:
-    /// pending prefill tokens + [`QUEUE_TOKENS`] × queue; for a stale worker, at
-    /// least the busiest fresh worker's.
-    wait: f64,
-    /// `wait` before that stale adjustment.
-    own_wait: f64,
-    kv: f64,
-    stale: bool,
-    score: f64,
-    /// Leading prefix blocks the worker holds (prefix index).
-    depth: u32,
-    /// Placing a prefix: blocks the index attributes to the worker; whether the
-    /// prefix fits its cache, and keeps its footprint within the bound.
-    footprint: u64,
-    room: bool,
-    fits: bool,
+/// Candidates kept on the stack during a pick (larger routes spill to the heap).
+pub const INLINE_CANDIDATES: usize = 32;
+type Candidates = SmallVec<[Candidate; INLINE_CANDIDATES]>;
+/// One [`Prepared`] per scorer.
+type Prepareds = SmallVec<[Prepared; 8]>;
+
+/// The mean queue of the candidates with fresh stats.
+fn mean_queue(cands: &[Candidate]) -> f64 {
+    let (mut sum, mut n) = (0.0, 0.0);
+    for c in cands.iter().filter(|c| !c.stale) {
+        sum += c.queue;
+        n += 1.0;
+    }
+    sum / f64::max(n, 1.0)
 }
 
 impl Pipeline {
     pub fn new(ctx: &BuildContext<'_>) -> Pipeline {
         let r = &ctx.pool.routing;
-        let (name, scorers, bounded, headroom): (_, Vec<(ScorerKind, f64)>, _, _) = match ctx.kind {
+        let (name, kinds, bounded, headroom): (_, Vec<(ScorerKind, f64)>, _, _) = match ctx.kind {
             PolicyKind::Prefix => ("prefix", vec![(ScorerKind::Prefix, 1.0)], true, false),
             PolicyKind::Cost => (
                 "cost",
@@ -131,7 +128,22 @@ impl Pipeline {
             // least_queue (and, defensively, anything else).
             _ => ("least_queue", vec![(ScorerKind::Queue, 1.0)], false, false),
         };
-        let uses_prefix = scorers.iter().any(|(k, _)| *k == ScorerKind::Prefix);
+        let scorers = kinds.into_iter().map(|(k, w)| (scorers::build(k), w));
+        let mut p = Pipeline::with_scorers(ctx, scorers.collect());
+        p.name = name;
+        p.first_token_cost = ctx.kind == PolicyKind::Prefix;
+        p.bounded = bounded;
+        p.headroom = headroom;
+        p.power_of_two = r.power_of_two && ctx.kind == PolicyKind::LeastQueue;
+        p
+    }
+
+    /// A `weighted` pipeline over the given scorers (bounded load, no headroom
+    /// rule): what [`Pipeline::new`] builds from the configured scorer names, and
+    /// the way to try a scorer before it has a name.
+    pub fn with_scorers(ctx: &BuildContext<'_>, scorers: Vec<(Box<dyn Scorer>, f64)>) -> Pipeline {
+        let r = &ctx.pool.routing;
+        let uses_prefix = scorers.iter().any(|(s, _)| s.uses_prefix());
         let index = ctx.index.filter(|_| uses_prefix).cloned();
         let slots = match &index {
             Some(ix) => {
@@ -168,12 +180,13 @@ impl Pipeline {
             })
             .collect();
         Pipeline {
-            name,
-            first_token_cost: ctx.kind == PolicyKind::Prefix,
+            name: "weighted",
+            first_token_cost: false,
             scorers,
-            bounded,
-            headroom,
-            power_of_two: r.power_of_two && ctx.kind == PolicyKind::LeastQueue,
+            uses_prefix,
+            bounded: true,
+            headroom: false,
+            power_of_two: false,
             load_epsilon: r.load_epsilon,
             load_slack: r.load_slack,
             target_queue: r.target_queue,
@@ -189,10 +202,6 @@ impl Pipeline {
             slot_to_index,
             index,
         }
-    }
-
-    fn has(&self, k: ScorerKind) -> bool {
-        self.scorers.iter().any(|(s, _)| *s == k)
     }
 
     fn blocks<'r>(&self, req: &'r RouteRequest<'_>) -> &'r [u64] {
@@ -211,10 +220,8 @@ impl Pipeline {
     /// The stable key that breaks ties: the session key, else the prefix placement
     /// hash, else the whole routing text.
     fn tie_key(&self, req: &RouteRequest<'_>, blocks: &[u64]) -> u64 {
-        if self.has(ScorerKind::Session) {
-            if let Some(s) = req.session_key() {
-                return xxh3_64(s.as_bytes());
-            }
+        if let Some(k) = self.scorers.iter().find_map(|(s, _)| s.tie_key(req)) {
+            return k;
         }
         if let Some(&h) = blocks.get(blocks.len().min(PLACEMENT_BLOCKS).wrapping_sub(1)) {
             return h;
@@ -231,10 +238,10 @@ impl Pipeline {
     /// rendezvous weight on `key` (so zero-score ties — nobody has a preference —
     /// are decided the same way on every replica).
     fn best(
-        cands: &[Cand],
+        cands: &[Candidate],
         workers: &[Arc<Worker>],
         key: u64,
-        ok: impl Fn(&Cand) -> bool,
+        ok: impl Fn(&Candidate) -> bool,
     ) -> Option<usize> {
         let mut best: Option<(usize, f64, u64)> = None;
         for (k, c) in cands.iter().enumerate().filter(|(_, c)| ok(c)) {
@@ -275,7 +282,7 @@ impl Pipeline {
         best.map(|b| b.0)
     }
 
-    fn pick_two(&self, cands: &[Cand], workers: &[Arc<Worker>], key: u64) -> usize {
+    fn pick_two(&self, cands: &[Candidate], workers: &[Arc<Worker>], key: u64) -> usize {
         if cands.len() == 1 {
             return 0;
         }
@@ -336,35 +343,67 @@ impl Pipeline {
         accept: &dyn Fn(usize) -> bool,
         now: u64,
     ) -> Option<Decision> {
-        let mut cands: Vec<Cand> = Vec::with_capacity(workers.len());
+        let mut cands = self.candidates(workers, accept, now);
+        if cands.is_empty() {
+            return None;
+        }
+        let blocks: &[u64] = if self.uses_prefix {
+            self.blocks(req)
+        } else {
+            &[]
+        };
+        let key = self.tie_key(req, blocks);
+        let max_depth = self.prefix_depths(blocks, &mut cands);
+        let mut view = PickView {
+            req,
+            workers,
+            cands: &[],
+            max_wait: cands.iter().map(|c| c.wait).fold(0.0, f64::max),
+            n_blocks: blocks.len(),
+            max_depth,
+            key,
+        };
+        if self.first_token_cost {
+            let mean = mean_queue(&cands);
+            return self.pick_prefix(&view, &mut cands, mean);
+        }
+        let prepared = self.score(&view, &mut cands);
+        view.cands = &cands;
+        self.choose(&view, &prepared)
+    }
+
+    /// The accepted, eligible workers with their loads at `now`. Stale stats
+    /// count as fully loaded: as busy as the busiest fresh worker (never as idle,
+    /// and never excluded, so that a few late scrapes cannot herd every request
+    /// onto the workers whose scrape happened to succeed); among equally "full"
+    /// workers, this gateway's own counts decide. When every candidate is stale,
+    /// the gateway's own counts are all there is.
+    fn candidates(
+        &self,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+    ) -> Candidates {
+        let mut cands = Candidates::new();
         for (i, w) in workers.iter().enumerate() {
             if !self.eligible.get(i).copied().unwrap_or(false) || !accept(i) {
                 continue;
             }
             let l = w.state.stats.load(w.in_flight(), now, self.stale_after_ms);
             let wait = l.pending_tokens + QUEUE_TOKENS * l.queue;
-            cands.push(Cand {
+            cands.push(Candidate {
                 i,
                 queue: l.queue,
                 wait,
                 own_wait: wait,
                 kv: l.kv_usage,
                 stale: l.freshness == Freshness::Stale,
-                score: 0.0,
-                depth: 0,
-                footprint: 0,
+                price: self.prices[i],
                 room: true,
                 fits: true,
+                ..Default::default()
             });
         }
-        if cands.is_empty() {
-            return None;
-        }
-        // Stale stats count as fully loaded: as busy as the busiest fresh worker
-        // (never as idle, and never excluded, so that a few late scrapes cannot
-        // herd every request onto the workers whose scrape happened to succeed);
-        // among equally "full" workers, this gateway's own counts decide. When
-        // every candidate is stale, the gateway's own counts are all there is.
         let (mut fresh, mut max_q, mut max_w) = (false, 0.0f64, 0.0f64);
         for c in cands.iter().filter(|c| !c.stale) {
             fresh = true;
@@ -379,34 +418,11 @@ impl Pipeline {
                 c.wait = c.wait.max(max_w);
             }
         }
-        self.pick_at_loads(req, workers, &mut cands)
+        cands
     }
 
-    /// The rest of a pick, once every candidate's load is known.
-    fn pick_at_loads(
-        &self,
-        req: &RouteRequest<'_>,
-        workers: &[Arc<Worker>],
-        cands: &mut [Cand],
-    ) -> Option<Decision> {
-        let (mut sum, mut n, mut max_w) = (0.0, 0.0, 0.0f64);
-        for c in cands.iter().filter(|c| !c.stale) {
-            sum += c.queue;
-            n += 1.0;
-        }
-        for c in cands.iter() {
-            max_w = max_w.max(c.wait);
-        }
-        let mean = sum / f64::max(n, 1.0);
-
-        let blocks: &[u64] = if self.has(ScorerKind::Prefix) {
-            self.blocks(req)
-        } else {
-            &[]
-        };
-        let key = self.tie_key(req, blocks);
-
-        // How deep each worker holds the prefix.
+    /// Set how deep each candidate holds the prefix; the deepest.
+    fn prefix_depths(&self, blocks: &[u64], cands: &mut [Candidate]) -> u32 {
         let mut max_depth = 0;
         if let (Some(ix), false) = (&self.index, blocks.is_empty()) {
             let mut out = [(0u16, 0u32); REPLICAS];
@@ -421,47 +437,39 @@ impl Pipeline {
                 }
             }
         }
-        if self.first_token_cost {
-            return self.pick_prefix(req, workers, cands, key, blocks.len(), max_depth, mean);
-        }
+        max_depth
+    }
 
-        let (mut pmin, mut pmax) = (f64::MAX, f64::MIN);
-        if self.has(ScorerKind::Cost) {
-            for c in cands.iter() {
-                pmin = pmin.min(self.prices[c.i]);
-                pmax = pmax.max(self.prices[c.i]);
-            }
-        }
-        let session_owner = if self.has(ScorerKind::Session) && req.session_key().is_some() {
-            rendezvous::pick(key, cands.iter().map(|c| (c.i, workers[c.i].id_hash)))
-        } else {
-            None
+    /// Prepare every scorer once, then set each candidate's weighted score.
+    fn score(&self, view: &PickView<'_>, cands: &mut [Candidate]) -> Prepareds {
+        // The scorers see the candidates (scores not yet set) while preparing.
+        let prepared: Prepareds = {
+            let v = PickView { cands, ..*view };
+            self.scorers.iter().map(|(s, _)| s.prepare(&v)).collect()
         };
-        let n_blocks = blocks.len();
-        let score = |kind: ScorerKind, c: &Cand| -> f64 {
-            match kind {
-                ScorerKind::Queue => 1.0 - c.wait / (max_w + QUEUE_TOKENS),
-                ScorerKind::Kv if c.stale => 0.0,
-                ScorerKind::Kv => 1.0 - c.kv,
-                ScorerKind::Cost if pmax > pmin => 1.0 - (self.prices[c.i] - pmin) / (pmax - pmin),
-                ScorerKind::Cost => 1.0,
-                ScorerKind::Session => (session_owner == Some(c.i)) as u8 as f64,
-                ScorerKind::Prefix if n_blocks == 0 => 0.0,
-                ScorerKind::Prefix => c.depth as f64 / n_blocks as f64,
-            }
-        };
-        for c in cands.iter_mut() {
-            c.score = self.scorers.iter().map(|&(k, w)| w * score(k, c)).sum();
+        for k in 0..cands.len() {
+            let v = PickView { cands, ..*view };
+            let c = &cands[k];
+            let score = self
+                .scorers
+                .iter()
+                .zip(&prepared)
+                .map(|((s, w), p)| w * s.score(p, &v, c))
+                .sum();
+            cands[k].score = score;
         }
+        prepared
+    }
 
+    /// The best-scored candidate within the spill rules, and why.
+    fn choose(&self, view: &PickView<'_>, prepared: &[Prepared]) -> Option<Decision> {
+        let (cands, workers, key) = (view.cands, view.workers, view.key);
         if self.power_of_two {
             let k = self.pick_two(cands, workers, key);
             return Some(Decision::new(cands[k].i, Reason::LeastQueue));
         }
-
-        // Spill rules.
-        let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
-        let restricted = |c: &Cand| {
+        let bound = (1.0 + self.load_epsilon) * mean_queue(cands) + self.load_slack;
+        let restricted = |c: &Candidate| {
             (self.bounded && c.queue > bound) || (self.headroom && c.queue >= self.target_queue)
         };
         let preferred = Self::best(cands, workers, key, |_| true)?;
@@ -479,33 +487,34 @@ impl Pipeline {
             }
         };
         let c = &cands[chosen];
-        let new_prefix = self.has(ScorerKind::Prefix) && n_blocks > 0 && max_depth == 0;
         let reason = if spilled {
             Reason::SpillOverload
         } else {
-            let top = self
-                .scorers
-                .iter()
-                .map(|&(k, w)| (k, w * score(k, c)))
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-                .filter(|t| t.1 > 0.0);
-            match top.map(|t| t.0) {
-                Some(ScorerKind::Prefix) => Reason::PrefixHit,
-                _ if new_prefix => Reason::NewPrefix,
-                Some(ScorerKind::Session) => Reason::Session,
-                Some(ScorerKind::Cost) => Reason::Cheapest,
-                Some(ScorerKind::Kv) => Reason::LeastKv,
-                Some(ScorerKind::Queue) => Reason::LeastQueue,
-                None => match self.scorers.first().map(|s| s.0) {
-                    Some(ScorerKind::Prefix) => Reason::NewPrefix,
-                    Some(ScorerKind::Session) => Reason::Session,
-                    Some(ScorerKind::Cost) => Reason::Cheapest,
-                    Some(ScorerKind::Kv) => Reason::LeastKv,
-                    _ => Reason::LeastQueue,
-                },
-            }
+            self.reason(view, prepared, c)
         };
         Some(Decision::new(c.i, reason))
+    }
+
+    /// Why `c` won on its scores: a scorer's override (a new prefix), else the
+    /// scorer that contributed most, else (nobody scored) the first scorer's idle
+    /// reason.
+    fn reason(&self, view: &PickView<'_>, prepared: &[Prepared], c: &Candidate) -> Reason {
+        if let Some(r) = self
+            .scorers
+            .iter()
+            .find_map(|(s, _)| s.override_reason(view))
+        {
+            return r;
+        }
+        self.scorers
+            .iter()
+            .zip(prepared)
+            .map(|((s, w), p)| (s, w * s.score(p, view, c)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .filter(|t| t.1 > 0.0)
+            .map(|t| t.0.reason())
+            .or_else(|| self.scorers.first().map(|(s, _)| s.idle_reason()))
+            .unwrap_or(Reason::LeastQueue)
     }
 
     /// The `prefix` preset: the worker where the request should see its first
@@ -525,25 +534,22 @@ impl Pipeline {
     ///   least loaded — at low load all of them, so replicas agree and a
     ///   forgotten prefix returns where it was; under load the least loaded, as
     ///   `least_queue` would.
-    #[allow(clippy::too_many_arguments)]
     fn pick_prefix(
         &self,
-        req: &RouteRequest<'_>,
-        workers: &[Arc<Worker>],
-        cands: &mut [Cand],
-        key: u64,
-        n_blocks: usize,
-        max_depth: u32,
+        view: &PickView<'_>,
+        cands: &mut [Candidate],
         mean: f64,
     ) -> Option<Decision> {
+        let (req, workers, key) = (view.req, view.workers, view.key);
+        let (n_blocks, max_depth) = (view.n_blocks, view.max_depth);
         let prompt =
             req.info.routing_text.as_ref().map_or(0, |t| t.len() as u64) / self.bytes_per_token;
         let prompt = prompt as f64;
         let total =
-            |c: &Cand| c.wait + (prompt - c.depth as f64 * self.block_tokens as f64).max(0.0);
+            |c: &Candidate| c.wait + (prompt - c.depth as f64 * self.block_tokens as f64).max(0.0);
         let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
         let any_within = cands.iter().any(|c| c.queue <= bound);
-        let allowed = |c: &Cand| !any_within || c.queue <= bound;
+        let allowed = |c: &Candidate| !any_within || c.queue <= bound;
         let best = cands
             .iter()
             .filter(|c| allowed(c))
@@ -558,7 +564,7 @@ impl Pipeline {
         let keep = (prompt / 2.0).max(2.0 * QUEUE_TOKENS);
 
         // A holder within the tolerance: the one with the lowest estimate.
-        let mut hit: Option<(&Cand, f64, u64)> = None;
+        let mut hit: Option<(&Candidate, f64, u64)> = None;
         for c in cands
             .iter()
             .filter(|c| c.depth > 0 && total(c) <= best + keep)
@@ -603,7 +609,7 @@ impl Pipeline {
         // Cache space first (where the prefix will be reused), then load: within
         // the first tier that has candidates, the workers within two queued
         // requests of its least loaded, by rendezvous weight.
-        let place = |tier: &dyn Fn(&Cand) -> bool| {
+        let place = |tier: &dyn Fn(&Candidate) -> bool| {
             let best = cands
                 .iter()
                 .filter(|c| allowed(c) && tier(c))
