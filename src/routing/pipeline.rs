@@ -708,6 +708,15 @@ mod tests {
     }
 
     fn fixture(policy: &str, extra: &str) -> Fixture {
+        fixture_with(policy, extra, Pipeline::new)
+    }
+
+    /// A fixture whose pipeline `build` makes from the build context.
+    fn fixture_with(
+        policy: &str,
+        extra: &str,
+        build: impl FnOnce(&BuildContext<'_>) -> Pipeline,
+    ) -> Fixture {
         let pc = pool(policy, extra);
         let workers: Vec<Arc<Worker>> = pc
             .workers
@@ -718,7 +727,7 @@ mod tests {
             .collect();
         let index = Arc::new(PrefixIndex::new(pc.routing.index_max_blocks));
         index.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
-        let policy = Pipeline::new(&BuildContext {
+        let policy = build(&BuildContext {
             kind: pc.policy,
             model: "m",
             pool: &pc,
@@ -1165,5 +1174,45 @@ mod tests {
             "the most loaded is worse than any partner: {seen:?}"
         );
         assert!(seen[0] > 0 && seen[1] > 0);
+    }
+
+    /// docs/architecture.md, "How to add a scorer": the toy scorer written as
+    /// step 1 says (`scorers/last.rs`), tried as step 4 says, steers the pick.
+    #[test]
+    fn a_scorer_added_the_documented_way_steers_the_pick() {
+        use crate::routing::scorers::last::Last;
+        let queue = || scorers::build(ScorerKind::Queue);
+        let plain = fixture_with("least_queue", "", |ctx| {
+            Pipeline::with_scorers(ctx, vec![(queue(), 1.0)])
+        });
+        let toy = fixture_with("least_queue", "", |ctx| {
+            Pipeline::with_scorers(ctx, vec![(queue(), 1.0), (Box::new(Last), 2.0)])
+        });
+        for f in [&plain, &toy] {
+            for w in &f.workers {
+                set_queue(w, 0);
+            }
+        }
+        let mut plain_picks = std::collections::HashSet::new();
+        for k in 0..20 {
+            let info = chat(&format!("request {k}"));
+            plain_picks.insert(pick(&plain, &info, None).index);
+            assert_eq!(
+                pick(&toy, &info, None),
+                Decision::new(3, Reason::LeastQueue)
+            );
+        }
+        assert!(plain_picks.len() > 1, "without it: {plain_picks:?}");
+        // Its weight is weighed against the others': a loaded last worker loses.
+        set_queue(&toy.workers[3], 40);
+        assert_ne!(pick(&toy, &chat("x"), None).index, 3);
+    }
+
+    /// The doc shows the tested toy scorer verbatim.
+    #[test]
+    fn the_documented_scorer_is_the_tested_one() {
+        let doc = include_str!("../../docs/architecture.md");
+        let file = include_str!("scorers/last.rs");
+        assert!(doc.contains(&format!("```rust\n{file}```")));
     }
 }

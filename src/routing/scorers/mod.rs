@@ -9,6 +9,9 @@
 
 mod cost;
 mod kv;
+/// The toy scorer of `docs/architecture.md` ("How to add a scorer"); tests only.
+#[cfg(test)]
+pub(crate) mod last;
 mod prefix;
 mod queue;
 mod session;
