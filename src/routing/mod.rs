@@ -21,6 +21,8 @@
 mod baseline;
 mod pipeline;
 pub mod prefix_index;
+#[cfg(test)]
+mod properties;
 pub mod region;
 pub mod rendezvous;
 pub mod scorers;

@@ -709,10 +709,18 @@ eu = ["eu-west", "eu-central"]
         /// whenever one is both allowed and accepted.
         #[test]
         fn residency_is_never_violated(
-            healthy in 0u8..64, accepted in 0u8..64, zone in 0usize..4, policy in 0usize..3,
+            healthy in 0u8..64, accepted in 0u8..64, zone in 0usize..4, policy in 0usize..7,
         ) {
-            let policy = ["least_queue", "round_robin", "cost"][policy];
-            let f = fixture(policy, "");
+            let (policy, extra) = [
+                ("least_queue", ""),
+                ("round_robin", ""),
+                ("cost", ""),
+                ("random", ""),
+                ("prefix", ""),
+                ("session", ""),
+                ("weighted", "[pools.routing]\nscorers = [{ name = \"queue\", weight = 1.0 }, { name = \"cost\", weight = 0.5 }, { name = \"kv\", weight = 0.2 }]"),
+            ][policy];
+            let f = fixture(policy, extra);
             for (i, w) in f.workers.iter().enumerate() {
                 if healthy & (1 << i) == 0 { down(w); }
             }
