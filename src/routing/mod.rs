@@ -36,7 +36,9 @@ pub use split::WeightedSplit;
 
 use crate::api::RequestInfo;
 use crate::config::{GlobalConfig, PolicyKind, PoolConfig, Residency};
+use crate::pool::stats::now_ms;
 use crate::pool::Worker;
+use rand::RngCore;
 use std::sync::{Arc, OnceLock};
 
 /// Why a worker was chosen; a low-cardinality metric label.
@@ -167,13 +169,28 @@ impl<'a> RouteRequest<'a> {
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
 
-    /// Pick one of `workers` for which `accept(index)` holds, or `None` if none does.
+    /// Pick one of `workers` for which `accept(index)` holds, or `None` if none does,
+    /// at `now` (`pool::stats::now_ms` scale) and drawing any randomness from `rng`:
+    /// the clock and the randomness are inputs, so equal inputs give equal picks
+    /// (round robin aside: its cursor is its state).
+    fn pick_at(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        rng: &mut dyn RngCore,
+    ) -> Option<Decision>;
+
+    /// [`Policy::pick_at`] now, with the thread's RNG.
     fn pick(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
-    ) -> Option<Decision>;
+    ) -> Option<Decision> {
+        self.pick_at(req, workers, accept, now_ms(), &mut rand::thread_rng())
+    }
 
     /// The decision is final and the request is about to be sent: update any state
     /// the policy learns from (the prefix index).

@@ -12,9 +12,9 @@ use super::prefix_index::{PrefixIndex, REPLICAS};
 use super::scorers::{self, Candidate, PickView, Prepared, Scorer};
 use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
 use crate::config::{PolicyKind, ScorerKind};
-use crate::pool::stats::{now_ms, Freshness};
+use crate::pool::stats::Freshness;
 use crate::pool::Worker;
-use rand::Rng;
+use rand::{Rng, RngCore};
 use smallvec::SmallVec;
 use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -282,11 +282,15 @@ impl Pipeline {
         best.map(|b| b.0)
     }
 
-    fn pick_two(&self, cands: &[Candidate], workers: &[Arc<Worker>], key: u64) -> usize {
+    fn pick_two(
+        cands: &[Candidate],
+        workers: &[Arc<Worker>],
+        key: u64,
+        rng: &mut dyn RngCore,
+    ) -> usize {
         if cands.len() == 1 {
             return 0;
         }
-        let mut rng = rand::thread_rng();
         let a = rng.gen_range(0..cands.len());
         let mut b = rng.gen_range(0..cands.len() - 1);
         if b >= a {
@@ -303,13 +307,15 @@ impl super::Policy for Pipeline {
         self.name
     }
 
-    fn pick(
+    fn pick_at(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        self.pick_at(req, workers, accept, now_ms())
+        self.pick_impl(req, workers, accept, now, rng)
     }
 
     fn record(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
@@ -335,13 +341,13 @@ impl super::Policy for Pipeline {
 }
 
 impl Pipeline {
-    /// [`Policy::pick`](super::Policy::pick) at an explicit time (`pool::stats::now_ms` scale).
-    pub fn pick_at(
+    fn pick_impl(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
         now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
         let mut cands = self.candidates(workers, accept, now);
         if cands.is_empty() {
@@ -369,7 +375,7 @@ impl Pipeline {
         }
         let prepared = self.score(&view, &mut cands);
         view.cands = &cands;
-        self.choose(&view, &prepared)
+        self.choose(&view, &prepared, rng)
     }
 
     /// The accepted, eligible workers with their loads at `now`. Stale stats
@@ -462,10 +468,15 @@ impl Pipeline {
     }
 
     /// The best-scored candidate within the spill rules, and why.
-    fn choose(&self, view: &PickView<'_>, prepared: &[Prepared]) -> Option<Decision> {
+    fn choose(
+        &self,
+        view: &PickView<'_>,
+        prepared: &[Prepared],
+        rng: &mut dyn RngCore,
+    ) -> Option<Decision> {
         let (cands, workers, key) = (view.cands, view.workers, view.key);
         if self.power_of_two {
-            let k = self.pick_two(cands, workers, key);
+            let k = Self::pick_two(cands, workers, key, rng);
             return Some(Decision::new(cands[k].i, Reason::LeastQueue));
         }
         let bound = (1.0 + self.load_epsilon) * mean_queue(cands) + self.load_slack;
@@ -685,6 +696,7 @@ mod tests {
     use super::*;
     use crate::api::RequestInfo;
     use crate::config::{self, PoolConfig};
+    use crate::pool::stats::now_ms;
     use crate::pool::stats::parse_metrics;
     use crate::pool::RequestSize;
     use crate::routing::Policy;
@@ -807,7 +819,7 @@ mod tests {
         let req = RouteRequest::new(&info, None);
         let at = |now| {
             f.policy
-                .pick_at(&req, &f.workers, &|_| true, now)
+                .pick_at(&req, &f.workers, &|_| true, now, &mut rand::thread_rng())
                 .unwrap()
                 .index
         };
@@ -842,7 +854,13 @@ mod tests {
             let req = RouteRequest::new(&info, None);
             let d = f
                 .policy
-                .pick_at(&req, &f.workers, &|_| true, t0 + 101)
+                .pick_at(
+                    &req,
+                    &f.workers,
+                    &|_| true,
+                    t0 + 101,
+                    &mut rand::thread_rng(),
+                )
                 .unwrap();
             per[d.index] += 1;
             guards.push(f.workers[d.index].begin(None, RequestSize::default()));

@@ -1,16 +1,18 @@
 //! Property tests over every policy and preset, built the way the registry builds
 //! them (`routing::build`): a pick never returns a worker that `accept` refuses or
-//! the label filter excludes, finds one whenever one qualifies, and (for the
-//! deterministic policies) gives the same answer for the same inputs. Residency
-//! under every preset is checked in `region.rs`.
+//! the label filter excludes, finds one whenever one qualifies, and gives the same
+//! answer for the same inputs (history, stats, request, clock and RNG seed).
+//! Residency under every preset is checked in `region.rs`.
 
-use super::{build, BuildContext, Pipeline, Policy, PrefixIndex, RouteRequest};
+use super::{build, BuildContext, Policy, PrefixIndex, RouteRequest};
 use crate::api::RequestInfo;
 use crate::config::{self, PoolConfig};
 use crate::pool::stats::{now_ms, parse_metrics};
 use crate::pool::Worker;
 use bytes::Bytes;
 use proptest::prelude::*;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
 use std::sync::Arc;
 
 const N: usize = 5;
@@ -18,18 +20,17 @@ const N: usize = 5;
 /// worker's scrape is made old on purpose.
 const NOW: u64 = 1_000_000;
 
-/// Every policy: name, `[pools.routing]` lines, whether equal inputs give equal
-/// answers (round robin and random do not, by design; power of two draws).
-const POLICIES: &[(&str, &str, bool)] = &[
-    ("round_robin", "", false),
-    ("random", "", false),
-    ("least_queue", "", true),
-    ("least_queue", "power_of_two = true", false),
-    ("prefix", "block_tokens = 4", true),
-    ("cost", "target_queue = 4", true),
-    ("session", "", true),
-    ("weighted", "scorers = [{ name = \"prefix\", weight = 1.0 }, { name = \"queue\", weight = 0.5 }, { name = \"cost\", weight = 0.3 }, { name = \"session\", weight = 0.7 }, { name = \"kv\", weight = 0.2 }]\nblock_tokens = 4", true),
-    ("weighted", "require_labels = { tier = \"a\" }\nscorers = [{ name = \"queue\", weight = 1.0 }, { name = \"kv\", weight = 1.0 }]", true),
+/// Every policy: name and `[pools.routing]` lines.
+const POLICIES: &[(&str, &str)] = &[
+    ("round_robin", ""),
+    ("random", ""),
+    ("least_queue", ""),
+    ("least_queue", "power_of_two = true"),
+    ("prefix", "block_tokens = 4"),
+    ("cost", "target_queue = 4"),
+    ("session", ""),
+    ("weighted", "scorers = [{ name = \"prefix\", weight = 1.0 }, { name = \"queue\", weight = 0.5 }, { name = \"cost\", weight = 0.3 }, { name = \"session\", weight = 0.7 }, { name = \"kv\", weight = 0.2 }]\nblock_tokens = 4"),
+    ("weighted", "require_labels = { tier = \"a\" }\nscorers = [{ name = \"queue\", weight = 1.0 }, { name = \"kv\", weight = 1.0 }]"),
 ];
 
 fn pool(policy: &str, routing: &str) -> PoolConfig {
@@ -59,7 +60,6 @@ struct Gateway {
     pc: PoolConfig,
     workers: Vec<Arc<Worker>>,
     policy: Box<dyn Policy>,
-    pipeline: Option<Pipeline>,
 }
 
 fn gateway(policy: &str, routing: &str) -> Gateway {
@@ -80,13 +80,9 @@ fn gateway(policy: &str, routing: &str) -> Gateway {
         global: &Default::default(),
         spill: None,
     };
-    let policy = build(&ctx);
-    let pipeline =
-        (!matches!(policy.name(), "round_robin" | "random")).then(|| Pipeline::new(&ctx));
     Gateway {
+        policy: build(&ctx),
         workers,
-        policy,
-        pipeline,
         pc,
     }
 }
@@ -142,7 +138,7 @@ proptest! {
         p in 0..POLICIES.len(), loads in loads(), accepted in 0u8..32,
         past in history(), text in 0usize..6, len in 0usize..1200, session in proptest::option::of(0u8..4),
     ) {
-        let (policy, routing, _) = POLICIES[p];
+        let (policy, routing) = POLICIES[p];
         let g = gateway(policy, routing);
         // `pick` reads the clock: scrapes are as fresh (or old) as now.
         scrape(&g, &loads, now_ms().max(NOW));
@@ -166,34 +162,34 @@ proptest! {
         }
     }
 
-    /// Two gateways with the same history, stats and request decide alike.
+    /// Two gateways with the same history, stats, request, clock and RNG seed
+    /// decide alike.
     #[test]
     fn equal_inputs_give_equal_decisions(
         p in 0..POLICIES.len(), loads in loads(), accepted in 0u8..32,
         past in history(), text in 0usize..6, len in 0usize..1200, session in proptest::option::of(0u8..4),
+        seed in 0u64..1_000,
     ) {
-        let (policy, routing, deterministic) = POLICIES[p];
-        prop_assume!(deterministic);
+        let (policy, routing) = POLICIES[p];
         let gs = [gateway(policy, routing), gateway(policy, routing)];
         let ok = |i: usize| accepted & (1 << i) != 0;
         let mut decisions = Vec::new();
         for g in &gs {
             scrape(g, &loads, NOW);
-            let pl = g.pipeline.as_ref().unwrap();
+            let pl = &g.policy;
+            let mut rng = SmallRng::seed_from_u64(seed);
             for &(t, l, s) in &past {
                 let info = request(t, l);
                 let s = s.map(|s| s.to_string());
                 let req = RouteRequest::new(&info, s.as_deref());
-                if let Some(d) = pl.pick_at(&req, &g.workers, &|_| true, NOW) {
+                if let Some(d) = pl.pick_at(&req, &g.workers, &|_| true, NOW, &mut rng) {
                     pl.record(&d, &req, &g.workers);
                 }
             }
             let info = request(text, len);
             let s = session.map(|s| s.to_string());
             let req = RouteRequest::new(&info, s.as_deref());
-            let d = pl.pick_at(&req, &g.workers, &ok, NOW);
-            prop_assert_eq!(d, pl.pick_at(&req, &g.workers, &ok, NOW), "{} twice", policy);
-            decisions.push(d);
+            decisions.push(pl.pick_at(&req, &g.workers, &ok, NOW, &mut rng));
         }
         prop_assert_eq!(decisions[0], decisions[1], "{}", policy);
     }

@@ -27,10 +27,10 @@
 
 use super::{BuildContext, Decision, Policy, RouteRequest};
 use crate::config::{GlobalConfig, LocalityConfig, RegionId, Residency};
-use crate::pool::stats::now_ms;
 use crate::pool::Worker;
 use crate::telemetry::names;
 use metrics::{counter, gauge, Gauge, SharedString};
+use rand::RngCore;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -334,23 +334,24 @@ impl Regional {
         )
     }
 
-    /// [`Policy::pick`] at an explicit time (`pool::stats::now_ms` scale).
-    pub fn pick_at(
+    fn pick_impl(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
         now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
         let allowed = |i: usize| req.allows(&workers[i]);
         let (Some(home), Some(spill)) = (self.local, &self.spill) else {
-            return self.inner.pick(req, workers, &|i| allowed(i) && accept(i));
+            let accept = |i| allowed(i) && accept(i);
+            return self.inner.pick_at(req, workers, &accept, now, rng);
         };
         let in_tier = |t: usize| {
             let tier_of = &self.tier_of;
             move |i: usize| tier_of[i] as usize == t && allowed(i) && accept(i)
         };
-        let pick_in = |t: usize| self.inner.pick(req, workers, &in_tier(t));
+        let mut pick_in = |t: usize| self.inner.pick_at(req, workers, &in_tier(t), now, rng);
         let local_pick = |d: Decision| Decision {
             cross: (workers[d.index].region != Some(home)).then_some(CrossReason::WithinBudget),
             ..d
@@ -414,13 +415,15 @@ impl Policy for Regional {
         self.inner.name()
     }
 
-    fn pick(
+    fn pick_at(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        self.pick_at(req, workers, accept, now_ms())
+        self.pick_impl(req, workers, accept, now, rng)
     }
 
     fn record(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
@@ -451,7 +454,7 @@ mod tests {
     use super::*;
     use crate::api::RequestInfo;
     use crate::config::{self, Config, Residency};
-    use crate::pool::stats::parse_metrics;
+    use crate::pool::stats::{now_ms, parse_metrics};
     use crate::routing::{build, BuildContext};
     use std::time::Duration;
 
@@ -658,7 +661,9 @@ eu = ["eu-west", "eu-central"]
         let req = RouteRequest::new(&info, None);
         let regional = |now| {
             fresh(now);
-            f.policy.pick_at(&req, &f.workers, &|_| true, now).unwrap()
+            f.policy
+                .pick_at(&req, &f.workers, &|_| true, now, &mut rand::thread_rng())
+                .unwrap()
         };
         load(&f.workers[0], 4);
         load(&f.workers[1], 3); // mean 0.875 ≥ 0.8
