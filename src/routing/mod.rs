@@ -8,8 +8,10 @@
 //! queue, cost, session, kv; one [`scorers::Scorer`] each, in `scorers/`) →
 //! bounded-load / headroom spill → the highest score,
 //! ties broken by rendezvous hashing on a stable request key. `least_queue`,
-//! `prefix`, `cost` and `session` are presets of the pipeline; `weighted` takes
-//! its scorers from the config.
+//! `cost` and `session` are presets of the pipeline; `weighted` takes its scorers
+//! from the config. `prefix` is a policy of its own ([`PrefixPolicy`],
+//! `prefix.rs`: estimated time to first token) over the pipeline's candidates
+//! and prefix index.
 //!
 //! Global routing wraps any of them: [`Regional`] (`region.rs`) first filters by
 //! the request's residency (a hard constraint) and then offers the policy one
@@ -20,6 +22,7 @@
 
 mod baseline;
 mod pipeline;
+mod prefix;
 pub mod prefix_index;
 #[cfg(test)]
 mod properties;
@@ -30,6 +33,7 @@ pub mod split;
 
 pub use baseline::{RandomPolicy, RoundRobin};
 pub use pipeline::{hash_blocks, Pipeline};
+pub use prefix::PrefixPolicy;
 pub use prefix_index::PrefixIndex;
 pub use region::{request_residency, CrossReason, Regional, SpillState, RESIDENCY_HEADER};
 pub use split::WeightedSplit;
@@ -235,6 +239,7 @@ pub fn build(ctx: &BuildContext<'_>) -> Box<dyn Policy> {
     let inner: Box<dyn Policy> = match ctx.kind {
         PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
         PolicyKind::Random => Box::new(RandomPolicy),
+        PolicyKind::Prefix => Box::new(PrefixPolicy::new(ctx)),
         _ => Box::new(Pipeline::new(ctx)),
     };
     if ctx.global.regions.is_empty() {

@@ -1,6 +1,7 @@
-//! The scoring pipeline behind `least_queue`, `prefix`, `cost`, `session` and
-//! `weighted`: filters → weighted scorers in [0, 1] → spill rules → max score, ties
-//! broken by rendezvous hashing on a stable request key.
+//! The scoring pipeline behind `least_queue`, `cost`, `session` and `weighted`:
+//! filters → weighted scorers in [0, 1] → spill rules → max score, ties broken by
+//! rendezvous hashing on a stable request key. The `prefix` policy
+//! (`prefix.rs`) shares its candidates, block hashes and prefix index.
 //!
 //! Spill rules: a worker whose stats are stale is never preferred over a fresh one;
 //! with a load bound (`prefix`, `session`, `weighted`), a worker whose estimated
@@ -32,7 +33,7 @@ pub const PLACEMENT_BLOCKS: usize = 4;
 /// The estimate (bytes per token, engine block counts) is rarely exact.
 pub const INDEX_SLACK_DIV: u64 = 2;
 /// Scores closer than this tie.
-const TIE: f64 = 1e-9;
+pub(super) const TIE: f64 = 1e-9;
 
 /// Split `text` into full `block_bytes` blocks and hash them as a chain seeded by
 /// `seed`: block i's hash covers blocks 0..=i. The trailing partial block is left
@@ -51,9 +52,6 @@ pub fn hash_blocks(text: &[u8], seed: u64, block_bytes: usize) -> Vec<u64> {
 /// A configured pipeline (see the module docs).
 pub struct Pipeline {
     name: &'static str,
-    /// The `prefix` preset: pick by estimated time to first token
-    /// ([`Pipeline::pick_prefix`]) rather than by weighted scores.
-    first_token_cost: bool,
     /// The weighted scorers, built once with the pool.
     scorers: Vec<(Box<dyn Scorer>, f64)>,
     /// Some scorer reads the prefix blocks.
@@ -61,13 +59,13 @@ pub struct Pipeline {
     bounded: bool,
     headroom: bool,
     power_of_two: bool,
-    load_epsilon: f64,
-    load_slack: f64,
+    pub(super) load_epsilon: f64,
+    pub(super) load_slack: f64,
     target_queue: f64,
     stale_after_ms: u64,
     block_bytes: usize,
-    block_tokens: u64,
-    bytes_per_token: u64,
+    pub(super) block_tokens: u64,
+    pub(super) bytes_per_token: u64,
     default_worker_blocks: u64,
     /// xxh3 of the model name; prefix hashes are seeded by it and the cache salt.
     model_seed: u64,
@@ -76,10 +74,10 @@ pub struct Pipeline {
     /// Per worker: USD per 1M tokens.
     prices: Vec<f64>,
     /// Per worker: prefix-index slot (0 = not indexed).
-    slots: Vec<u16>,
+    pub(super) slots: Vec<u16>,
     /// Slot → worker index (`u32::MAX` = not in this route).
     slot_to_index: Vec<u32>,
-    index: Option<Arc<PrefixIndex>>,
+    pub(super) index: Option<Arc<PrefixIndex>>,
 }
 
 /// One request in flight counts as this many prompt tokens of wait: a sequence
@@ -90,12 +88,12 @@ pub const QUEUE_TOKENS: f64 = 16.0;
 
 /// Candidates kept on the stack during a pick (larger routes spill to the heap).
 pub const INLINE_CANDIDATES: usize = 32;
-type Candidates = SmallVec<[Candidate; INLINE_CANDIDATES]>;
+pub(super) type Candidates = SmallVec<[Candidate; INLINE_CANDIDATES]>;
 /// One [`Prepared`] per scorer.
 type Prepareds = SmallVec<[Prepared; 8]>;
 
 /// The mean queue of the candidates with fresh stats.
-fn mean_queue(cands: &[Candidate]) -> f64 {
+pub(super) fn mean_queue(cands: &[Candidate]) -> f64 {
     let (mut sum, mut n) = (0.0, 0.0);
     for c in cands.iter().filter(|c| !c.stale) {
         sum += c.queue;
@@ -105,6 +103,9 @@ fn mean_queue(cands: &[Candidate]) -> f64 {
 }
 
 impl Pipeline {
+    /// The preset `ctx.kind` names; for `prefix`, the core the
+    /// [`PrefixPolicy`](super::PrefixPolicy) picks with (its own pick is not
+    /// this pipeline's weighted one).
     pub fn new(ctx: &BuildContext<'_>) -> Pipeline {
         let r = &ctx.pool.routing;
         let (name, kinds, bounded, headroom): (_, Vec<(ScorerKind, f64)>, _, _) = match ctx.kind {
@@ -131,7 +132,6 @@ impl Pipeline {
         let scorers = kinds.into_iter().map(|(k, w)| (scorers::build(k), w));
         let mut p = Pipeline::with_scorers(ctx, scorers.collect());
         p.name = name;
-        p.first_token_cost = ctx.kind == PolicyKind::Prefix;
         p.bounded = bounded;
         p.headroom = headroom;
         p.power_of_two = r.power_of_two && ctx.kind == PolicyKind::LeastQueue;
@@ -181,7 +181,6 @@ impl Pipeline {
             .collect();
         Pipeline {
             name: "weighted",
-            first_token_cost: false,
             scorers,
             uses_prefix,
             bounded: true,
@@ -349,6 +348,21 @@ impl Pipeline {
         now: u64,
         rng: &mut dyn RngCore,
     ) -> Option<Decision> {
+        let (mut cands, mut view) = self.gather(req, workers, accept, now)?;
+        let prepared = self.score(&view, &mut cands);
+        view.cands = &cands;
+        self.choose(&view, &prepared, rng)
+    }
+
+    /// The candidates and what every scorer may look at (the view, without the
+    /// candidates yet); `None` when no worker is eligible and accepted.
+    pub(super) fn gather<'a>(
+        &self,
+        req: &'a RouteRequest<'a>,
+        workers: &'a [Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+    ) -> Option<(Candidates, PickView<'a>)> {
         let mut cands = self.candidates(workers, accept, now);
         if cands.is_empty() {
             return None;
@@ -360,7 +374,7 @@ impl Pipeline {
         };
         let key = self.tie_key(req, blocks);
         let max_depth = self.prefix_depths(blocks, &mut cands);
-        let mut view = PickView {
+        let view = PickView {
             req,
             workers,
             cands: &[],
@@ -369,13 +383,7 @@ impl Pipeline {
             max_depth,
             key,
         };
-        if self.first_token_cost {
-            let mean = mean_queue(&cands);
-            return self.pick_prefix(&view, &mut cands, mean);
-        }
-        let prepared = self.score(&view, &mut cands);
-        view.cands = &cands;
-        self.choose(&view, &prepared, rng)
+        Some((cands, view))
     }
 
     /// The accepted, eligible workers with their loads at `now`. Stale stats
@@ -528,136 +536,10 @@ impl Pipeline {
             .unwrap_or(Reason::LeastQueue)
     }
 
-    /// The `prefix` preset: the worker where the request should see its first
-    /// token soonest — its wait plus the prompt tokens it does not hold — with
-    /// three biases that keep caches useful:
-    ///
-    /// * workers over the load bound (in requests) get no new prefixes, and a
-    ///   holder is compared with the best worker within the bound;
-    /// * a worker holding the prefix wins while its estimate is within half the
-    ///   prompt of the best, so a prefix moves (is replicated) only when its
-    ///   holder is clearly busier than the prefill saved there;
-    /// * otherwise (a new prefix, or a spill) the prefix is placed on a worker
-    ///   with room for it in its cache and a footprint within bounds, if any
-    ///   (so that distinct prefixes spread evenly over the caches, as SGLang's
-    ///   cache_aware does by placing them on its smallest tree); among those, by
-    ///   rendezvous hashing among the ones within two queued requests of the
-    ///   least loaded — at low load all of them, so replicas agree and a
-    ///   forgotten prefix returns where it was; under load the least loaded, as
-    ///   `least_queue` would.
-    fn pick_prefix(
-        &self,
-        view: &PickView<'_>,
-        cands: &mut [Candidate],
-        mean: f64,
-    ) -> Option<Decision> {
-        let (req, workers, key) = (view.req, view.workers, view.key);
-        let (n_blocks, max_depth) = (view.n_blocks, view.max_depth);
-        let prompt =
-            req.info.routing_text.as_ref().map_or(0, |t| t.len() as u64) / self.bytes_per_token;
-        let prompt = prompt as f64;
-        let total =
-            |c: &Candidate| c.wait + (prompt - c.depth as f64 * self.block_tokens as f64).max(0.0);
-        let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
-        let any_within = cands.iter().any(|c| c.queue <= bound);
-        let allowed = |c: &Candidate| !any_within || c.queue <= bound;
-        let best = cands
-            .iter()
-            .filter(|c| allowed(c))
-            .map(total)
-            .fold(f64::MAX, f64::min);
-        // A holder keeps the prefix while within half the prompt of the best
-        // worker within the load bound (one prefill queued ahead is tolerated,
-        // two are not) — even when it is over the bound
-        // itself: its requests are cheap there (mostly cached), and a copy
-        // elsewhere costs a whole prefill plus cache space. The bound applies to
-        // holders through their wait, to placements through their queue.
-        let keep = (prompt / 2.0).max(2.0 * QUEUE_TOKENS);
-
-        // A holder within the tolerance: the one with the lowest estimate.
-        let mut hit: Option<(&Candidate, f64, u64)> = None;
-        for c in cands
-            .iter()
-            .filter(|c| c.depth > 0 && total(c) <= best + keep)
-        {
-            let (t, w) = (total(c), rendezvous::weight(key, workers[c.i].id_hash));
-            match hit {
-                Some((_, bt, bw)) if t > bt + TIE || (t >= bt - TIE && w <= bw) => {}
-                _ => hit = Some((c, t, w)),
-            }
-        }
-        if let Some((c, _, _)) = hit {
-            let reason = if c.depth == max_depth {
-                Reason::PrefixHit
-            } else {
-                Reason::SpillOverload
-            };
-            return Some(Decision::new(c.i, reason));
-        }
-
-        // Place the prefix: rendezvous hashing among the near workers, preferring
-        // those with room for it in their cache and whose footprint (blocks the
-        // index attributes to them) stays within (1 + ε) of the mean after the
-        // placement, or within one such prefix of the least filled — bounded-load
-        // consistent hashing on cache space, so distinct prefixes spread evenly.
-        let n = n_blocks as u64;
-        if let Some(ix) = &self.index {
-            let fp = ix.footprints();
-            let (mut sum, mut min) = (0u64, u64::MAX);
-            for c in cands.iter_mut() {
-                c.footprint = fp.get(self.slots[c.i]);
-                sum += c.footprint;
-                min = min.min(c.footprint);
-            }
-            let limit = ((1.0 + self.load_epsilon) * (sum + n) as f64 / cands.len() as f64)
-                .max(min.saturating_add(n) as f64);
-            for c in cands.iter_mut() {
-                let cap = ix.effective_capacity(self.capacity_blocks(&workers[c.i]));
-                c.room = c.footprint + n <= cap;
-                c.fits = (c.footprint + n) as f64 <= limit;
-            }
-        }
-        // Cache space first (where the prefix will be reused), then load: within
-        // the first tier that has candidates, the workers within two queued
-        // requests of its least loaded, by rendezvous weight.
-        let place = |tier: &dyn Fn(&Candidate) -> bool| {
-            let best = cands
-                .iter()
-                .filter(|c| allowed(c) && tier(c))
-                .map(total)
-                .fold(f64::MAX, f64::min);
-            rendezvous::pick(
-                key,
-                cands
-                    .iter()
-                    .filter(|c| allowed(c) && tier(c) && total(c) <= best + 2.0 * QUEUE_TOKENS)
-                    .map(|c| (c.i, workers[c.i].id_hash)),
-            )
-        };
-        let index = place(&|c| c.room && c.fits)
-            .or_else(|| place(&|c| c.fits))
-            .or_else(|| place(&|_| true))?;
-        if tracing::enabled!(tracing::Level::TRACE) {
-            for c in cands.iter() {
-                tracing::trace!(
-                    worker = %workers[c.i].id, chosen = c.i == index, total = total(c),
-                    queue = c.queue, footprint = c.footprint, room = c.room, fits = c.fits,
-                    cap = self.capacity_blocks(&workers[c.i]), n_blocks, "prefix placement"
-                );
-            }
-        }
-        let reason = if max_depth == 0 {
-            Reason::NewPrefix
-        } else {
-            Reason::SpillOverload
-        };
-        Some(Decision::new(index, reason))
-    }
-
     /// The worker's KV capacity in index blocks: its published capacity in
     /// tokens at the measured bytes per token (else the configured one), or
     /// `default_worker_blocks` while unknown.
-    fn capacity_blocks(&self, w: &Worker) -> u64 {
+    pub(super) fn capacity_blocks(&self, w: &Worker) -> u64 {
         w.state
             .stats
             .kv_capacity_bytes(self.bytes_per_token as f64)
@@ -716,18 +598,21 @@ mod tests {
 
     struct Fixture {
         workers: Vec<Arc<Worker>>,
-        policy: Pipeline,
+        /// The policy as `routing::build` makes it.
+        policy: Box<dyn Policy>,
+        /// The pipeline behind it (for `prefix`: the shared core).
+        core: Pipeline,
     }
 
     fn fixture(policy: &str, extra: &str) -> Fixture {
-        fixture_with(policy, extra, Pipeline::new)
+        fixture_with(policy, extra, crate::routing::build)
     }
 
     /// A fixture whose pipeline `build` makes from the build context.
     fn fixture_with(
         policy: &str,
         extra: &str,
-        build: impl FnOnce(&BuildContext<'_>) -> Pipeline,
+        build: impl FnOnce(&BuildContext<'_>) -> Box<dyn Policy>,
     ) -> Fixture {
         let pc = pool(policy, extra);
         let workers: Vec<Arc<Worker>> = pc
@@ -739,7 +624,7 @@ mod tests {
             .collect();
         let index = Arc::new(PrefixIndex::new(pc.routing.index_max_blocks));
         index.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
-        let policy = build(&BuildContext {
+        let ctx = BuildContext {
             kind: pc.policy,
             model: "m",
             pool: &pc,
@@ -747,8 +632,12 @@ mod tests {
             index: Some(&index),
             global: &Default::default(),
             spill: None,
-        });
-        Fixture { workers, policy }
+        };
+        Fixture {
+            policy: build(&ctx),
+            core: Pipeline::new(&ctx),
+            workers,
+        }
     }
 
     /// Give worker `i` a fresh scrape with `queue` running requests.
@@ -1064,7 +953,7 @@ mod tests {
         };
         scrape(1);
         // 1,024 KV tokens at 4 bytes per token: 16 blocks of 256 bytes.
-        assert_eq!(f.policy.capacity_blocks(w), 16);
+        assert_eq!(f.core.capacity_blocks(w), 16);
         let mut g = w.begin(
             None,
             RequestSize {
@@ -1077,7 +966,7 @@ mod tests {
         drop(g);
         scrape(16_385);
         assert_eq!(w.state.stats.bytes_per_token(), Some(8.0));
-        assert_eq!(f.policy.capacity_blocks(w), 32);
+        assert_eq!(f.core.capacity_blocks(w), 32);
     }
 
     #[test]
@@ -1201,10 +1090,13 @@ mod tests {
         use crate::routing::scorers::last::Last;
         let queue = || scorers::build(ScorerKind::Queue);
         let plain = fixture_with("least_queue", "", |ctx| {
-            Pipeline::with_scorers(ctx, vec![(queue(), 1.0)])
+            Box::new(Pipeline::with_scorers(ctx, vec![(queue(), 1.0)]))
         });
         let toy = fixture_with("least_queue", "", |ctx| {
-            Pipeline::with_scorers(ctx, vec![(queue(), 1.0), (Box::new(Last), 2.0)])
+            Box::new(Pipeline::with_scorers(
+                ctx,
+                vec![(queue(), 1.0), (Box::new(Last), 2.0)],
+            ))
         });
         for f in [&plain, &toy] {
             for w in &f.workers {
