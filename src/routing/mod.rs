@@ -35,7 +35,9 @@ pub use baseline::{RandomPolicy, RoundRobin};
 pub use pipeline::{hash_blocks, Pipeline};
 pub use prefix::PrefixPolicy;
 pub use prefix_index::PrefixIndex;
-pub use region::{request_residency, CrossReason, Regional, SpillState, RESIDENCY_HEADER};
+pub use region::{
+    request_residency, CrossReason, Regional, SpillState, SpillStep, RESIDENCY_HEADER,
+};
 pub use split::WeightedSplit;
 
 use crate::api::RequestInfo;
@@ -110,6 +112,9 @@ pub struct Decision {
     pub reason: Reason,
     /// Set by [`Regional`] when the worker is outside the gateway's region: why.
     pub cross: Option<CrossReason>,
+    /// Set by [`Regional`] with locality tiers: the pool's spill-state change,
+    /// made when the decision is recorded (a pick itself changes nothing).
+    pub spill: Option<SpillStep>,
 }
 
 impl Decision {
@@ -118,6 +123,7 @@ impl Decision {
             index,
             reason,
             cross: None,
+            spill: None,
         }
     }
 }
@@ -197,7 +203,8 @@ pub trait Policy: Send + Sync {
     }
 
     /// The decision is final and the request is about to be sent: update any state
-    /// the policy learns from (the prefix index).
+    /// the policy learns from (the prefix index, the locality spill state). Picks
+    /// change nothing; this is where state changes.
     fn record(&self, _decision: &Decision, _req: &RouteRequest<'_>, _workers: &[Arc<Worker>]) {}
 
     /// Prompt tokens the policy expects the chosen worker to have cached (prefix
