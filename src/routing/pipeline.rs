@@ -348,22 +348,25 @@ impl Pipeline {
         now: u64,
         rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        let (mut cands, mut view) = self.gather(req, workers, accept, now)?;
+        let mut cands = Candidates::new();
+        let mut view = self.gather(req, workers, accept, now, &mut cands)?;
         let prepared = self.score(&view, &mut cands);
         view.cands = &cands;
         self.choose(&view, &prepared, rng)
     }
 
-    /// The candidates and what every scorer may look at (the view, without the
-    /// candidates yet); `None` when no worker is eligible and accepted.
+    /// Fill `cands` (the caller's, so that the inline buffer is never moved) and
+    /// return what every scorer may look at (the view, without the candidates
+    /// yet); `None` when no worker is eligible and accepted.
     pub(super) fn gather<'a>(
         &self,
         req: &'a RouteRequest<'a>,
         workers: &'a [Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
         now: u64,
-    ) -> Option<(Candidates, PickView<'a>)> {
-        let mut cands = self.candidates(workers, accept, now);
+        cands: &mut Candidates,
+    ) -> Option<PickView<'a>> {
+        self.candidates(workers, accept, now, cands);
         if cands.is_empty() {
             return None;
         }
@@ -373,7 +376,7 @@ impl Pipeline {
             &[]
         };
         let key = self.tie_key(req, blocks);
-        let max_depth = self.prefix_depths(blocks, &mut cands);
+        let max_depth = self.prefix_depths(blocks, cands);
         let view = PickView {
             req,
             workers,
@@ -383,7 +386,7 @@ impl Pipeline {
             max_depth,
             key,
         };
-        Some((cands, view))
+        Some(view)
     }
 
     /// The accepted, eligible workers with their loads at `now`. Stale stats
@@ -397,8 +400,11 @@ impl Pipeline {
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
         now: u64,
-    ) -> Candidates {
-        let mut cands = Candidates::new();
+        cands: &mut Candidates,
+    ) {
+        if workers.len() > INLINE_CANDIDATES {
+            cands.reserve(workers.len());
+        }
         for (i, w) in workers.iter().enumerate() {
             if !self.eligible.get(i).copied().unwrap_or(false) || !accept(i) {
                 continue;
@@ -432,7 +438,6 @@ impl Pipeline {
                 c.wait = c.wait.max(max_w);
             }
         }
-        cands
     }
 
     /// Set how deep each candidate holds the prefix; the deepest.

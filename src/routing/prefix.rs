@@ -18,7 +18,7 @@
 //! It shares the pipeline's candidates, prefix index and block hashes (a
 //! [`Pipeline`] with the prefix scorer), but not its weighted scoring.
 
-use super::pipeline::{mean_queue, Pipeline, QUEUE_TOKENS, TIE};
+use super::pipeline::{mean_queue, Candidates, Pipeline, QUEUE_TOKENS, TIE};
 use super::scorers::{Candidate, PickView};
 use super::{rendezvous, BuildContext, Decision, Policy, Reason, RouteRequest};
 use crate::pool::Worker;
@@ -199,7 +199,8 @@ impl Policy for PrefixPolicy {
         now: u64,
         _rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        let (mut cands, view) = self.core.gather(req, workers, accept, now)?;
+        let mut cands = Candidates::new();
+        let view = self.core.gather(req, workers, accept, now, &mut cands)?;
         self.pick(&view, &mut cands)
     }
 
