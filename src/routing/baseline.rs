@@ -3,7 +3,7 @@
 
 use super::{Decision, Policy, Reason, RouteRequest};
 use crate::pool::Worker;
-use rand::Rng;
+use rand::{Rng, RngCore};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -31,11 +31,13 @@ impl Policy for RoundRobin {
         "round_robin"
     }
 
-    fn pick(
+    fn pick_at(
         &self,
         _req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
+        _now: u64,
+        _rng: &mut dyn RngCore,
     ) -> Option<Decision> {
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         first_accepted(start, workers.len(), accept, Reason::RoundRobin)
@@ -50,16 +52,18 @@ impl Policy for RandomPolicy {
         "random"
     }
 
-    fn pick(
+    fn pick_at(
         &self,
         _req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
+        _now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
         if workers.is_empty() {
             return None;
         }
-        let start = rand::thread_rng().gen_range(0..workers.len());
+        let start = rng.gen_range(0..workers.len());
         first_accepted(start, workers.len(), accept, Reason::Random)
     }
 }

@@ -5,10 +5,13 @@
 //!
 //! Policies: the baselines (`round_robin`, `random`) and the [`Pipeline`]: filters
 //! (eligible labels, `accept`, stale stats) → weighted scorers in [0, 1] (prefix,
-//! queue, cost, session, kv) → bounded-load / headroom spill → the highest score,
+//! queue, cost, session, kv; one [`scorers::Scorer`] each, in `scorers/`) →
+//! bounded-load / headroom spill → the highest score,
 //! ties broken by rendezvous hashing on a stable request key. `least_queue`,
-//! `prefix`, `cost` and `session` are presets of the pipeline; `weighted` takes
-//! its scorers from the config.
+//! `cost` and `session` are presets of the pipeline; `weighted` takes its scorers
+//! from the config. `prefix` is a policy of its own ([`PrefixPolicy`],
+//! `prefix.rs`: estimated time to first token) over the pipeline's candidates
+//! and prefix index.
 //!
 //! Global routing wraps any of them: [`Regional`] (`region.rs`) first filters by
 //! the request's residency (a hard constraint) and then offers the policy one
@@ -19,20 +22,29 @@
 
 mod baseline;
 mod pipeline;
+mod prefix;
 pub mod prefix_index;
+#[cfg(test)]
+mod properties;
 pub mod region;
 pub mod rendezvous;
+pub mod scorers;
 pub mod split;
 
 pub use baseline::{RandomPolicy, RoundRobin};
 pub use pipeline::{hash_blocks, Pipeline};
+pub use prefix::PrefixPolicy;
 pub use prefix_index::PrefixIndex;
-pub use region::{request_residency, CrossReason, Regional, SpillState, RESIDENCY_HEADER};
+pub use region::{
+    request_residency, CrossReason, Regional, SpillState, SpillStep, RESIDENCY_HEADER,
+};
 pub use split::WeightedSplit;
 
 use crate::api::RequestInfo;
 use crate::config::{GlobalConfig, PolicyKind, PoolConfig, Residency};
+use crate::pool::stats::now_ms;
 use crate::pool::Worker;
+use rand::RngCore;
 use std::sync::{Arc, OnceLock};
 
 /// Why a worker was chosen; a low-cardinality metric label.
@@ -100,6 +112,9 @@ pub struct Decision {
     pub reason: Reason,
     /// Set by [`Regional`] when the worker is outside the gateway's region: why.
     pub cross: Option<CrossReason>,
+    /// Set by [`Regional`] with locality tiers: the pool's spill-state change,
+    /// made when the decision is recorded (a pick itself changes nothing).
+    pub spill: Option<SpillStep>,
 }
 
 impl Decision {
@@ -108,6 +123,7 @@ impl Decision {
             index,
             reason,
             cross: None,
+            spill: None,
         }
     }
 }
@@ -162,16 +178,32 @@ impl<'a> RouteRequest<'a> {
 pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
 
-    /// Pick one of `workers` for which `accept(index)` holds, or `None` if none does.
+    /// Pick one of `workers` for which `accept(index)` holds, or `None` if none does,
+    /// at `now` (`pool::stats::now_ms` scale) and drawing any randomness from `rng`:
+    /// the clock and the randomness are inputs, so equal inputs give equal picks
+    /// (round robin aside: its cursor is its state).
+    fn pick_at(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        rng: &mut dyn RngCore,
+    ) -> Option<Decision>;
+
+    /// [`Policy::pick_at`] now, with the thread's RNG.
     fn pick(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
-    ) -> Option<Decision>;
+    ) -> Option<Decision> {
+        self.pick_at(req, workers, accept, now_ms(), &mut rand::thread_rng())
+    }
 
     /// The decision is final and the request is about to be sent: update any state
-    /// the policy learns from (the prefix index).
+    /// the policy learns from (the prefix index, the locality spill state). Picks
+    /// change nothing; this is where state changes.
     fn record(&self, _decision: &Decision, _req: &RouteRequest<'_>, _workers: &[Arc<Worker>]) {}
 
     /// Prompt tokens the policy expects the chosen worker to have cached (prefix
@@ -213,6 +245,7 @@ pub fn build(ctx: &BuildContext<'_>) -> Box<dyn Policy> {
     let inner: Box<dyn Policy> = match ctx.kind {
         PolicyKind::RoundRobin => Box::new(RoundRobin::default()),
         PolicyKind::Random => Box::new(RandomPolicy),
+        PolicyKind::Prefix => Box::new(PrefixPolicy::new(ctx)),
         _ => Box::new(Pipeline::new(ctx)),
     };
     if ctx.global.regions.is_empty() {

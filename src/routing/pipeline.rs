@@ -1,6 +1,7 @@
-//! The scoring pipeline behind `least_queue`, `prefix`, `cost`, `session` and
-//! `weighted`: filters → weighted scorers in [0, 1] → spill rules → max score, ties
-//! broken by rendezvous hashing on a stable request key.
+//! The scoring pipeline behind `least_queue`, `cost`, `session` and `weighted`:
+//! filters → weighted scorers in [0, 1] → spill rules → max score, ties broken by
+//! rendezvous hashing on a stable request key. The `prefix` policy
+//! (`prefix.rs`) shares its candidates, block hashes and prefix index.
 //!
 //! Spill rules: a worker whose stats are stale is never preferred over a fresh one;
 //! with a load bound (`prefix`, `session`, `weighted`), a worker whose estimated
@@ -9,11 +10,13 @@
 //! queue reaches `target_queue` is passed over while any other has headroom.
 
 use super::prefix_index::{PrefixIndex, REPLICAS};
+use super::scorers::{self, Candidate, PickView, Prepared, Scorer};
 use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
 use crate::config::{PolicyKind, ScorerKind};
-use crate::pool::stats::{now_ms, Freshness};
+use crate::pool::stats::Freshness;
 use crate::pool::Worker;
-use rand::Rng;
+use rand::{Rng, RngCore};
+use smallvec::SmallVec;
 use std::sync::Arc;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -30,7 +33,7 @@ pub const PLACEMENT_BLOCKS: usize = 4;
 /// The estimate (bytes per token, engine block counts) is rarely exact.
 pub const INDEX_SLACK_DIV: u64 = 2;
 /// Scores closer than this tie.
-const TIE: f64 = 1e-9;
+pub(super) const TIE: f64 = 1e-9;
 
 /// Split `text` into full `block_bytes` blocks and hash them as a chain seeded by
 /// `seed`: block i's hash covers blocks 0..=i. The trailing partial block is left
@@ -49,20 +52,20 @@ pub fn hash_blocks(text: &[u8], seed: u64, block_bytes: usize) -> Vec<u64> {
 /// A configured pipeline (see the module docs).
 pub struct Pipeline {
     name: &'static str,
-    /// The `prefix` preset: pick by estimated time to first token
-    /// ([`Pipeline::pick_prefix`]) rather than by weighted scores.
-    first_token_cost: bool,
-    scorers: Vec<(ScorerKind, f64)>,
+    /// The weighted scorers, built once with the pool.
+    scorers: Vec<(Box<dyn Scorer>, f64)>,
+    /// Some scorer reads the prefix blocks.
+    uses_prefix: bool,
     bounded: bool,
     headroom: bool,
     power_of_two: bool,
-    load_epsilon: f64,
-    load_slack: f64,
+    pub(super) load_epsilon: f64,
+    pub(super) load_slack: f64,
     target_queue: f64,
     stale_after_ms: u64,
     block_bytes: usize,
-    block_tokens: u64,
-    bytes_per_token: u64,
+    pub(super) block_tokens: u64,
+    pub(super) bytes_per_token: u64,
     default_worker_blocks: u64,
     /// xxh3 of the model name; prefix hashes are seeded by it and the cache salt.
     model_seed: u64,
@@ -71,10 +74,10 @@ pub struct Pipeline {
     /// Per worker: USD per 1M tokens.
     prices: Vec<f64>,
     /// Per worker: prefix-index slot (0 = not indexed).
-    slots: Vec<u16>,
+    pub(super) slots: Vec<u16>,
     /// Slot → worker index (`u32::MAX` = not in this route).
     slot_to_index: Vec<u32>,
-    index: Option<Arc<PrefixIndex>>,
+    pub(super) index: Option<Arc<PrefixIndex>>,
 }
 
 /// One request in flight counts as this many prompt tokens of wait: a sequence
@@ -83,34 +86,29 @@ pub struct Pipeline {
 /// `pending_tokens`). Among workers with no prefill queued, the shorter queue wins.
 pub const QUEUE_TOKENS: f64 = 16.0;
 
-/// One candidate during a pick.
-#[derive(Clone, Copy)]
-struct Cand {
-    i: usize,
-    /// Estimated requests queued or running.
-    queue: f64,
-    /// Estimated wait before a new request's prefill, in prompt tokens:
-    /// pending prefill tokens + [`QUEUE_TOKENS`] × queue; for a stale worker, at
-    /// least the busiest fresh worker's.
-    wait: f64,
-    /// `wait` before that stale adjustment.
-    own_wait: f64,
-    kv: f64,
-    stale: bool,
-    score: f64,
-    /// Leading prefix blocks the worker holds (prefix index).
-    depth: u32,
-    /// Placing a prefix: blocks the index attributes to the worker; whether the
-    /// prefix fits its cache, and keeps its footprint within the bound.
-    footprint: u64,
-    room: bool,
-    fits: bool,
+/// Candidates kept on the stack during a pick (larger routes spill to the heap).
+pub const INLINE_CANDIDATES: usize = 32;
+pub(super) type Candidates = SmallVec<[Candidate; INLINE_CANDIDATES]>;
+/// One [`Prepared`] per scorer.
+type Prepareds = SmallVec<[Prepared; 8]>;
+
+/// The mean queue of the candidates with fresh stats.
+pub(super) fn mean_queue(cands: &[Candidate]) -> f64 {
+    let (mut sum, mut n) = (0.0, 0.0);
+    for c in cands.iter().filter(|c| !c.stale) {
+        sum += c.queue;
+        n += 1.0;
+    }
+    sum / f64::max(n, 1.0)
 }
 
 impl Pipeline {
+    /// The preset `ctx.kind` names; for `prefix`, the core the
+    /// [`PrefixPolicy`](super::PrefixPolicy) picks with (its own pick is not
+    /// this pipeline's weighted one).
     pub fn new(ctx: &BuildContext<'_>) -> Pipeline {
         let r = &ctx.pool.routing;
-        let (name, scorers, bounded, headroom): (_, Vec<(ScorerKind, f64)>, _, _) = match ctx.kind {
+        let (name, kinds, bounded, headroom): (_, Vec<(ScorerKind, f64)>, _, _) = match ctx.kind {
             PolicyKind::Prefix => ("prefix", vec![(ScorerKind::Prefix, 1.0)], true, false),
             PolicyKind::Cost => (
                 "cost",
@@ -131,7 +129,21 @@ impl Pipeline {
             // least_queue (and, defensively, anything else).
             _ => ("least_queue", vec![(ScorerKind::Queue, 1.0)], false, false),
         };
-        let uses_prefix = scorers.iter().any(|(k, _)| *k == ScorerKind::Prefix);
+        let scorers = kinds.into_iter().map(|(k, w)| (scorers::build(k), w));
+        let mut p = Pipeline::with_scorers(ctx, scorers.collect());
+        p.name = name;
+        p.bounded = bounded;
+        p.headroom = headroom;
+        p.power_of_two = r.power_of_two && ctx.kind == PolicyKind::LeastQueue;
+        p
+    }
+
+    /// A `weighted` pipeline over the given scorers (bounded load, no headroom
+    /// rule): what [`Pipeline::new`] builds from the configured scorer names, and
+    /// the way to try a scorer before it has a name.
+    pub fn with_scorers(ctx: &BuildContext<'_>, scorers: Vec<(Box<dyn Scorer>, f64)>) -> Pipeline {
+        let r = &ctx.pool.routing;
+        let uses_prefix = scorers.iter().any(|(s, _)| s.uses_prefix());
         let index = ctx.index.filter(|_| uses_prefix).cloned();
         let slots = match &index {
             Some(ix) => {
@@ -168,12 +180,12 @@ impl Pipeline {
             })
             .collect();
         Pipeline {
-            name,
-            first_token_cost: ctx.kind == PolicyKind::Prefix,
+            name: "weighted",
             scorers,
-            bounded,
-            headroom,
-            power_of_two: r.power_of_two && ctx.kind == PolicyKind::LeastQueue,
+            uses_prefix,
+            bounded: true,
+            headroom: false,
+            power_of_two: false,
             load_epsilon: r.load_epsilon,
             load_slack: r.load_slack,
             target_queue: r.target_queue,
@@ -189,10 +201,6 @@ impl Pipeline {
             slot_to_index,
             index,
         }
-    }
-
-    fn has(&self, k: ScorerKind) -> bool {
-        self.scorers.iter().any(|(s, _)| *s == k)
     }
 
     fn blocks<'r>(&self, req: &'r RouteRequest<'_>) -> &'r [u64] {
@@ -211,10 +219,8 @@ impl Pipeline {
     /// The stable key that breaks ties: the session key, else the prefix placement
     /// hash, else the whole routing text.
     fn tie_key(&self, req: &RouteRequest<'_>, blocks: &[u64]) -> u64 {
-        if self.has(ScorerKind::Session) {
-            if let Some(s) = req.session_key() {
-                return xxh3_64(s.as_bytes());
-            }
+        if let Some(k) = self.scorers.iter().find_map(|(s, _)| s.tie_key(req)) {
+            return k;
         }
         if let Some(&h) = blocks.get(blocks.len().min(PLACEMENT_BLOCKS).wrapping_sub(1)) {
             return h;
@@ -231,10 +237,10 @@ impl Pipeline {
     /// rendezvous weight on `key` (so zero-score ties — nobody has a preference —
     /// are decided the same way on every replica).
     fn best(
-        cands: &[Cand],
+        cands: &[Candidate],
         workers: &[Arc<Worker>],
         key: u64,
-        ok: impl Fn(&Cand) -> bool,
+        ok: impl Fn(&Candidate) -> bool,
     ) -> Option<usize> {
         let mut best: Option<(usize, f64, u64)> = None;
         for (k, c) in cands.iter().enumerate().filter(|(_, c)| ok(c)) {
@@ -275,11 +281,15 @@ impl Pipeline {
         best.map(|b| b.0)
     }
 
-    fn pick_two(&self, cands: &[Cand], workers: &[Arc<Worker>], key: u64) -> usize {
+    fn pick_two(
+        cands: &[Candidate],
+        workers: &[Arc<Worker>],
+        key: u64,
+        rng: &mut dyn RngCore,
+    ) -> usize {
         if cands.len() == 1 {
             return 0;
         }
-        let mut rng = rand::thread_rng();
         let a = rng.gen_range(0..cands.len());
         let mut b = rng.gen_range(0..cands.len() - 1);
         if b >= a {
@@ -296,13 +306,15 @@ impl super::Policy for Pipeline {
         self.name
     }
 
-    fn pick(
+    fn pick_at(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        self.pick_at(req, workers, accept, now_ms())
+        self.pick_impl(req, workers, accept, now, rng)
     }
 
     fn record(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
@@ -328,43 +340,90 @@ impl super::Policy for Pipeline {
 }
 
 impl Pipeline {
-    /// [`Policy::pick`](super::Policy::pick) at an explicit time (`pool::stats::now_ms` scale).
-    pub fn pick_at(
+    fn pick_impl(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
         now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        let mut cands: Vec<Cand> = Vec::with_capacity(workers.len());
+        let mut cands = Candidates::new();
+        let mut view = self.gather(req, workers, accept, now, &mut cands)?;
+        let prepared = self.score(&view, &mut cands);
+        view.cands = &cands;
+        self.choose(&view, &prepared, rng)
+    }
+
+    /// Fill `cands` (the caller's, so that the inline buffer is never moved) and
+    /// return what every scorer may look at (the view, without the candidates
+    /// yet); `None` when no worker is eligible and accepted.
+    pub(super) fn gather<'a>(
+        &self,
+        req: &'a RouteRequest<'a>,
+        workers: &'a [Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        cands: &mut Candidates,
+    ) -> Option<PickView<'a>> {
+        self.candidates(workers, accept, now, cands);
+        if cands.is_empty() {
+            return None;
+        }
+        let blocks: &[u64] = if self.uses_prefix {
+            self.blocks(req)
+        } else {
+            &[]
+        };
+        let key = self.tie_key(req, blocks);
+        let max_depth = self.prefix_depths(blocks, cands);
+        let view = PickView {
+            req,
+            workers,
+            cands: &[],
+            max_wait: cands.iter().map(|c| c.wait).fold(0.0, f64::max),
+            n_blocks: blocks.len(),
+            max_depth,
+            key,
+        };
+        Some(view)
+    }
+
+    /// The accepted, eligible workers with their loads at `now`. Stale stats
+    /// count as fully loaded: as busy as the busiest fresh worker (never as idle,
+    /// and never excluded, so that a few late scrapes cannot herd every request
+    /// onto the workers whose scrape happened to succeed); among equally "full"
+    /// workers, this gateway's own counts decide. When every candidate is stale,
+    /// the gateway's own counts are all there is.
+    fn candidates(
+        &self,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        cands: &mut Candidates,
+    ) {
+        if workers.len() > INLINE_CANDIDATES {
+            cands.reserve(workers.len());
+        }
         for (i, w) in workers.iter().enumerate() {
             if !self.eligible.get(i).copied().unwrap_or(false) || !accept(i) {
                 continue;
             }
             let l = w.state.stats.load(w.in_flight(), now, self.stale_after_ms);
             let wait = l.pending_tokens + QUEUE_TOKENS * l.queue;
-            cands.push(Cand {
+            cands.push(Candidate {
                 i,
                 queue: l.queue,
                 wait,
                 own_wait: wait,
                 kv: l.kv_usage,
                 stale: l.freshness == Freshness::Stale,
-                score: 0.0,
-                depth: 0,
-                footprint: 0,
+                price: self.prices[i],
                 room: true,
                 fits: true,
+                ..Default::default()
             });
         }
-        if cands.is_empty() {
-            return None;
-        }
-        // Stale stats count as fully loaded: as busy as the busiest fresh worker
-        // (never as idle, and never excluded, so that a few late scrapes cannot
-        // herd every request onto the workers whose scrape happened to succeed);
-        // among equally "full" workers, this gateway's own counts decide. When
-        // every candidate is stale, the gateway's own counts are all there is.
         let (mut fresh, mut max_q, mut max_w) = (false, 0.0f64, 0.0f64);
         for c in cands.iter().filter(|c| !c.stale) {
             fresh = true;
@@ -379,34 +438,10 @@ impl Pipeline {
                 c.wait = c.wait.max(max_w);
             }
         }
-        self.pick_at_loads(req, workers, &mut cands)
     }
 
-    /// The rest of a pick, once every candidate's load is known.
-    fn pick_at_loads(
-        &self,
-        req: &RouteRequest<'_>,
-        workers: &[Arc<Worker>],
-        cands: &mut [Cand],
-    ) -> Option<Decision> {
-        let (mut sum, mut n, mut max_w) = (0.0, 0.0, 0.0f64);
-        for c in cands.iter().filter(|c| !c.stale) {
-            sum += c.queue;
-            n += 1.0;
-        }
-        for c in cands.iter() {
-            max_w = max_w.max(c.wait);
-        }
-        let mean = sum / f64::max(n, 1.0);
-
-        let blocks: &[u64] = if self.has(ScorerKind::Prefix) {
-            self.blocks(req)
-        } else {
-            &[]
-        };
-        let key = self.tie_key(req, blocks);
-
-        // How deep each worker holds the prefix.
+    /// Set how deep each candidate holds the prefix; the deepest.
+    fn prefix_depths(&self, blocks: &[u64], cands: &mut [Candidate]) -> u32 {
         let mut max_depth = 0;
         if let (Some(ix), false) = (&self.index, blocks.is_empty()) {
             let mut out = [(0u16, 0u32); REPLICAS];
@@ -421,47 +456,44 @@ impl Pipeline {
                 }
             }
         }
-        if self.first_token_cost {
-            return self.pick_prefix(req, workers, cands, key, blocks.len(), max_depth, mean);
-        }
+        max_depth
+    }
 
-        let (mut pmin, mut pmax) = (f64::MAX, f64::MIN);
-        if self.has(ScorerKind::Cost) {
-            for c in cands.iter() {
-                pmin = pmin.min(self.prices[c.i]);
-                pmax = pmax.max(self.prices[c.i]);
-            }
-        }
-        let session_owner = if self.has(ScorerKind::Session) && req.session_key().is_some() {
-            rendezvous::pick(key, cands.iter().map(|c| (c.i, workers[c.i].id_hash)))
-        } else {
-            None
+    /// Prepare every scorer once, then set each candidate's weighted score.
+    fn score(&self, view: &PickView<'_>, cands: &mut [Candidate]) -> Prepareds {
+        // The scorers see the candidates (scores not yet set) while preparing.
+        let prepared: Prepareds = {
+            let v = PickView { cands, ..*view };
+            self.scorers.iter().map(|(s, _)| s.prepare(&v)).collect()
         };
-        let n_blocks = blocks.len();
-        let score = |kind: ScorerKind, c: &Cand| -> f64 {
-            match kind {
-                ScorerKind::Queue => 1.0 - c.wait / (max_w + QUEUE_TOKENS),
-                ScorerKind::Kv if c.stale => 0.0,
-                ScorerKind::Kv => 1.0 - c.kv,
-                ScorerKind::Cost if pmax > pmin => 1.0 - (self.prices[c.i] - pmin) / (pmax - pmin),
-                ScorerKind::Cost => 1.0,
-                ScorerKind::Session => (session_owner == Some(c.i)) as u8 as f64,
-                ScorerKind::Prefix if n_blocks == 0 => 0.0,
-                ScorerKind::Prefix => c.depth as f64 / n_blocks as f64,
-            }
-        };
-        for c in cands.iter_mut() {
-            c.score = self.scorers.iter().map(|&(k, w)| w * score(k, c)).sum();
+        for k in 0..cands.len() {
+            let v = PickView { cands, ..*view };
+            let c = &cands[k];
+            let score = self
+                .scorers
+                .iter()
+                .zip(&prepared)
+                .map(|((s, w), p)| w * s.score(p, &v, c))
+                .sum();
+            cands[k].score = score;
         }
+        prepared
+    }
 
+    /// The best-scored candidate within the spill rules, and why.
+    fn choose(
+        &self,
+        view: &PickView<'_>,
+        prepared: &[Prepared],
+        rng: &mut dyn RngCore,
+    ) -> Option<Decision> {
+        let (cands, workers, key) = (view.cands, view.workers, view.key);
         if self.power_of_two {
-            let k = self.pick_two(cands, workers, key);
+            let k = Self::pick_two(cands, workers, key, rng);
             return Some(Decision::new(cands[k].i, Reason::LeastQueue));
         }
-
-        // Spill rules.
-        let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
-        let restricted = |c: &Cand| {
+        let bound = (1.0 + self.load_epsilon) * mean_queue(cands) + self.load_slack;
+        let restricted = |c: &Candidate| {
             (self.bounded && c.queue > bound) || (self.headroom && c.queue >= self.target_queue)
         };
         let preferred = Self::best(cands, workers, key, |_| true)?;
@@ -479,168 +511,40 @@ impl Pipeline {
             }
         };
         let c = &cands[chosen];
-        let new_prefix = self.has(ScorerKind::Prefix) && n_blocks > 0 && max_depth == 0;
         let reason = if spilled {
             Reason::SpillOverload
         } else {
-            let top = self
-                .scorers
-                .iter()
-                .map(|&(k, w)| (k, w * score(k, c)))
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-                .filter(|t| t.1 > 0.0);
-            match top.map(|t| t.0) {
-                Some(ScorerKind::Prefix) => Reason::PrefixHit,
-                _ if new_prefix => Reason::NewPrefix,
-                Some(ScorerKind::Session) => Reason::Session,
-                Some(ScorerKind::Cost) => Reason::Cheapest,
-                Some(ScorerKind::Kv) => Reason::LeastKv,
-                Some(ScorerKind::Queue) => Reason::LeastQueue,
-                None => match self.scorers.first().map(|s| s.0) {
-                    Some(ScorerKind::Prefix) => Reason::NewPrefix,
-                    Some(ScorerKind::Session) => Reason::Session,
-                    Some(ScorerKind::Cost) => Reason::Cheapest,
-                    Some(ScorerKind::Kv) => Reason::LeastKv,
-                    _ => Reason::LeastQueue,
-                },
-            }
+            self.reason(view, prepared, c)
         };
         Some(Decision::new(c.i, reason))
     }
 
-    /// The `prefix` preset: the worker where the request should see its first
-    /// token soonest — its wait plus the prompt tokens it does not hold — with
-    /// three biases that keep caches useful:
-    ///
-    /// * workers over the load bound (in requests) get no new prefixes, and a
-    ///   holder is compared with the best worker within the bound;
-    /// * a worker holding the prefix wins while its estimate is within half the
-    ///   prompt of the best, so a prefix moves (is replicated) only when its
-    ///   holder is clearly busier than the prefill saved there;
-    /// * otherwise (a new prefix, or a spill) the prefix is placed on a worker
-    ///   with room for it in its cache and a footprint within bounds, if any
-    ///   (so that distinct prefixes spread evenly over the caches, as SGLang's
-    ///   cache_aware does by placing them on its smallest tree); among those, by
-    ///   rendezvous hashing among the ones within two queued requests of the
-    ///   least loaded — at low load all of them, so replicas agree and a
-    ///   forgotten prefix returns where it was; under load the least loaded, as
-    ///   `least_queue` would.
-    #[allow(clippy::too_many_arguments)]
-    fn pick_prefix(
-        &self,
-        req: &RouteRequest<'_>,
-        workers: &[Arc<Worker>],
-        cands: &mut [Cand],
-        key: u64,
-        n_blocks: usize,
-        max_depth: u32,
-        mean: f64,
-    ) -> Option<Decision> {
-        let prompt =
-            req.info.routing_text.as_ref().map_or(0, |t| t.len() as u64) / self.bytes_per_token;
-        let prompt = prompt as f64;
-        let total =
-            |c: &Cand| c.wait + (prompt - c.depth as f64 * self.block_tokens as f64).max(0.0);
-        let bound = (1.0 + self.load_epsilon) * mean + self.load_slack;
-        let any_within = cands.iter().any(|c| c.queue <= bound);
-        let allowed = |c: &Cand| !any_within || c.queue <= bound;
-        let best = cands
+    /// Why `c` won on its scores: a scorer's override (a new prefix), else the
+    /// scorer that contributed most, else (nobody scored) the first scorer's idle
+    /// reason.
+    fn reason(&self, view: &PickView<'_>, prepared: &[Prepared], c: &Candidate) -> Reason {
+        if let Some(r) = self
+            .scorers
             .iter()
-            .filter(|c| allowed(c))
-            .map(total)
-            .fold(f64::MAX, f64::min);
-        // A holder keeps the prefix while within half the prompt of the best
-        // worker within the load bound (one prefill queued ahead is tolerated,
-        // two are not) — even when it is over the bound
-        // itself: its requests are cheap there (mostly cached), and a copy
-        // elsewhere costs a whole prefill plus cache space. The bound applies to
-        // holders through their wait, to placements through their queue.
-        let keep = (prompt / 2.0).max(2.0 * QUEUE_TOKENS);
-
-        // A holder within the tolerance: the one with the lowest estimate.
-        let mut hit: Option<(&Cand, f64, u64)> = None;
-        for c in cands
-            .iter()
-            .filter(|c| c.depth > 0 && total(c) <= best + keep)
+            .find_map(|(s, _)| s.override_reason(view))
         {
-            let (t, w) = (total(c), rendezvous::weight(key, workers[c.i].id_hash));
-            match hit {
-                Some((_, bt, bw)) if t > bt + TIE || (t >= bt - TIE && w <= bw) => {}
-                _ => hit = Some((c, t, w)),
-            }
+            return r;
         }
-        if let Some((c, _, _)) = hit {
-            let reason = if c.depth == max_depth {
-                Reason::PrefixHit
-            } else {
-                Reason::SpillOverload
-            };
-            return Some(Decision::new(c.i, reason));
-        }
-
-        // Place the prefix: rendezvous hashing among the near workers, preferring
-        // those with room for it in their cache and whose footprint (blocks the
-        // index attributes to them) stays within (1 + ε) of the mean after the
-        // placement, or within one such prefix of the least filled — bounded-load
-        // consistent hashing on cache space, so distinct prefixes spread evenly.
-        let n = n_blocks as u64;
-        if let Some(ix) = &self.index {
-            let fp = ix.footprints();
-            let (mut sum, mut min) = (0u64, u64::MAX);
-            for c in cands.iter_mut() {
-                c.footprint = fp.get(self.slots[c.i]);
-                sum += c.footprint;
-                min = min.min(c.footprint);
-            }
-            let limit = ((1.0 + self.load_epsilon) * (sum + n) as f64 / cands.len() as f64)
-                .max(min.saturating_add(n) as f64);
-            for c in cands.iter_mut() {
-                let cap = ix.effective_capacity(self.capacity_blocks(&workers[c.i]));
-                c.room = c.footprint + n <= cap;
-                c.fits = (c.footprint + n) as f64 <= limit;
-            }
-        }
-        // Cache space first (where the prefix will be reused), then load: within
-        // the first tier that has candidates, the workers within two queued
-        // requests of its least loaded, by rendezvous weight.
-        let place = |tier: &dyn Fn(&Cand) -> bool| {
-            let best = cands
-                .iter()
-                .filter(|c| allowed(c) && tier(c))
-                .map(total)
-                .fold(f64::MAX, f64::min);
-            rendezvous::pick(
-                key,
-                cands
-                    .iter()
-                    .filter(|c| allowed(c) && tier(c) && total(c) <= best + 2.0 * QUEUE_TOKENS)
-                    .map(|c| (c.i, workers[c.i].id_hash)),
-            )
-        };
-        let index = place(&|c| c.room && c.fits)
-            .or_else(|| place(&|c| c.fits))
-            .or_else(|| place(&|_| true))?;
-        if tracing::enabled!(tracing::Level::TRACE) {
-            for c in cands.iter() {
-                tracing::trace!(
-                    worker = %workers[c.i].id, chosen = c.i == index, total = total(c),
-                    queue = c.queue, footprint = c.footprint, room = c.room, fits = c.fits,
-                    cap = self.capacity_blocks(&workers[c.i]), n_blocks, "prefix placement"
-                );
-            }
-        }
-        let reason = if max_depth == 0 {
-            Reason::NewPrefix
-        } else {
-            Reason::SpillOverload
-        };
-        Some(Decision::new(index, reason))
+        self.scorers
+            .iter()
+            .zip(prepared)
+            .map(|((s, w), p)| (s, w * s.score(p, view, c)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .filter(|t| t.1 > 0.0)
+            .map(|t| t.0.reason())
+            .or_else(|| self.scorers.first().map(|(s, _)| s.idle_reason()))
+            .unwrap_or(Reason::LeastQueue)
     }
 
     /// The worker's KV capacity in index blocks: its published capacity in
     /// tokens at the measured bytes per token (else the configured one), or
     /// `default_worker_blocks` while unknown.
-    fn capacity_blocks(&self, w: &Worker) -> u64 {
+    pub(super) fn capacity_blocks(&self, w: &Worker) -> u64 {
         w.state
             .stats
             .kv_capacity_bytes(self.bytes_per_token as f64)
@@ -679,6 +583,7 @@ mod tests {
     use super::*;
     use crate::api::RequestInfo;
     use crate::config::{self, PoolConfig};
+    use crate::pool::stats::now_ms;
     use crate::pool::stats::parse_metrics;
     use crate::pool::RequestSize;
     use crate::routing::Policy;
@@ -698,10 +603,22 @@ mod tests {
 
     struct Fixture {
         workers: Vec<Arc<Worker>>,
-        policy: Pipeline,
+        /// The policy as `routing::build` makes it.
+        policy: Box<dyn Policy>,
+        /// The pipeline behind it (for `prefix`: the shared core).
+        core: Pipeline,
     }
 
     fn fixture(policy: &str, extra: &str) -> Fixture {
+        fixture_with(policy, extra, crate::routing::build)
+    }
+
+    /// A fixture whose pipeline `build` makes from the build context.
+    fn fixture_with(
+        policy: &str,
+        extra: &str,
+        build: impl FnOnce(&BuildContext<'_>) -> Box<dyn Policy>,
+    ) -> Fixture {
         let pc = pool(policy, extra);
         let workers: Vec<Arc<Worker>> = pc
             .workers
@@ -712,7 +629,7 @@ mod tests {
             .collect();
         let index = Arc::new(PrefixIndex::new(pc.routing.index_max_blocks));
         index.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
-        let policy = Pipeline::new(&BuildContext {
+        let ctx = BuildContext {
             kind: pc.policy,
             model: "m",
             pool: &pc,
@@ -720,8 +637,12 @@ mod tests {
             index: Some(&index),
             global: &Default::default(),
             spill: None,
-        });
-        Fixture { workers, policy }
+        };
+        Fixture {
+            policy: build(&ctx),
+            core: Pipeline::new(&ctx),
+            workers,
+        }
     }
 
     /// Give worker `i` a fresh scrape with `queue` running requests.
@@ -792,7 +713,7 @@ mod tests {
         let req = RouteRequest::new(&info, None);
         let at = |now| {
             f.policy
-                .pick_at(&req, &f.workers, &|_| true, now)
+                .pick_at(&req, &f.workers, &|_| true, now, &mut rand::thread_rng())
                 .unwrap()
                 .index
         };
@@ -827,7 +748,13 @@ mod tests {
             let req = RouteRequest::new(&info, None);
             let d = f
                 .policy
-                .pick_at(&req, &f.workers, &|_| true, t0 + 101)
+                .pick_at(
+                    &req,
+                    &f.workers,
+                    &|_| true,
+                    t0 + 101,
+                    &mut rand::thread_rng(),
+                )
                 .unwrap();
             per[d.index] += 1;
             guards.push(f.workers[d.index].begin(None, RequestSize::default()));
@@ -1031,7 +958,7 @@ mod tests {
         };
         scrape(1);
         // 1,024 KV tokens at 4 bytes per token: 16 blocks of 256 bytes.
-        assert_eq!(f.policy.capacity_blocks(w), 16);
+        assert_eq!(f.core.capacity_blocks(w), 16);
         let mut g = w.begin(
             None,
             RequestSize {
@@ -1044,7 +971,7 @@ mod tests {
         drop(g);
         scrape(16_385);
         assert_eq!(w.state.stats.bytes_per_token(), Some(8.0));
-        assert_eq!(f.policy.capacity_blocks(w), 32);
+        assert_eq!(f.core.capacity_blocks(w), 32);
     }
 
     #[test]
@@ -1159,5 +1086,48 @@ mod tests {
             "the most loaded is worse than any partner: {seen:?}"
         );
         assert!(seen[0] > 0 && seen[1] > 0);
+    }
+
+    /// docs/architecture.md, "How to add a scorer": the toy scorer written as
+    /// step 1 says (`scorers/last.rs`), tried as step 4 says, steers the pick.
+    #[test]
+    fn a_scorer_added_the_documented_way_steers_the_pick() {
+        use crate::routing::scorers::last::Last;
+        let queue = || scorers::build(ScorerKind::Queue);
+        let plain = fixture_with("least_queue", "", |ctx| {
+            Box::new(Pipeline::with_scorers(ctx, vec![(queue(), 1.0)]))
+        });
+        let toy = fixture_with("least_queue", "", |ctx| {
+            Box::new(Pipeline::with_scorers(
+                ctx,
+                vec![(queue(), 1.0), (Box::new(Last), 2.0)],
+            ))
+        });
+        for f in [&plain, &toy] {
+            for w in &f.workers {
+                set_queue(w, 0);
+            }
+        }
+        let mut plain_picks = std::collections::HashSet::new();
+        for k in 0..20 {
+            let info = chat(&format!("request {k}"));
+            plain_picks.insert(pick(&plain, &info, None).index);
+            assert_eq!(
+                pick(&toy, &info, None),
+                Decision::new(3, Reason::LeastQueue)
+            );
+        }
+        assert!(plain_picks.len() > 1, "without it: {plain_picks:?}");
+        // Its weight is weighed against the others': a loaded last worker loses.
+        set_queue(&toy.workers[3], 40);
+        assert_ne!(pick(&toy, &chat("x"), None).index, 3);
+    }
+
+    /// The doc shows the tested toy scorer verbatim.
+    #[test]
+    fn the_documented_scorer_is_the_tested_one() {
+        let doc = include_str!("../../docs/architecture.md");
+        let file = include_str!("scorers/last.rs");
+        assert!(doc.contains(&format!("```rust\n{file}```")));
     }
 }

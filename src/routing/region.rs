@@ -27,10 +27,10 @@
 
 use super::{BuildContext, Decision, Policy, RouteRequest};
 use crate::config::{GlobalConfig, LocalityConfig, RegionId, Residency};
-use crate::pool::stats::now_ms;
 use crate::pool::Worker;
 use crate::telemetry::names;
 use metrics::{counter, gauge, Gauge, SharedString};
+use rand::RngCore;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -106,6 +106,26 @@ const LOCAL: u8 = 0;
 const OVERLOADED: u8 = 1;
 const UNHEALTHY: u8 = 2;
 
+/// What the spill state decided for one pick ([`SpillState::plan`]): whether
+/// requests spill and why, and the state change [`Regional`] makes when the
+/// decision is recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SpillStep {
+    pub reason: Option<CrossReason>,
+    from: u8,
+    to: u8,
+    calm: Calm,
+}
+
+/// What happens to the time the local tier became calm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Calm {
+    Keep,
+    Reset,
+    /// Start the dwell at this time (unless it has started).
+    Start(u64),
+}
+
 /// The spill state of one pool's local tier, shared by the pool's routes and kept
 /// by the registry across rebuilds. Lock-free: two atomics and a gauge.
 pub struct SpillState {
@@ -137,8 +157,8 @@ impl SpillState {
     }
 
     /// Update the state from the local tier's condition at `now` (ms) and say
-    /// whether requests spill, and why. `available`: some local worker takes
-    /// requests; `load`: their mean load as a share of capacity.
+    /// whether requests spill, and why: [`SpillState::plan`], then
+    /// [`SpillState::apply`].
     pub fn evaluate(
         &self,
         now: u64,
@@ -146,44 +166,64 @@ impl SpillState {
         load: f64,
         cfg: &LocalityConfig,
     ) -> Option<CrossReason> {
+        let step = self.plan(now, available, load, cfg);
+        self.apply(step);
+        step.reason
+    }
+
+    /// Whether requests spill, and why, given the local tier's condition at
+    /// `now` (ms), with the state change that goes with it; changes nothing.
+    /// `available`: some local worker takes requests; `load`: their mean load as
+    /// a share of capacity.
+    pub fn plan(&self, now: u64, available: bool, load: f64, cfg: &LocalityConfig) -> SpillStep {
         let mode = self.mode.load(Ordering::Relaxed);
+        let step = |reason, to, calm| SpillStep {
+            reason,
+            from: mode,
+            to,
+            calm,
+        };
         if !available {
-            self.calm_since.store(0, Ordering::Relaxed);
-            if mode != UNHEALTHY {
-                self.switch(mode, UNHEALTHY);
-            }
-            return Some(CrossReason::LocalUnhealthy);
+            return step(Some(CrossReason::LocalUnhealthy), UNHEALTHY, Calm::Reset);
         }
-        let cause = |m| {
-            if m == UNHEALTHY {
-                CrossReason::LocalUnhealthy
-            } else {
-                CrossReason::LocalOverloaded
-            }
+        let cause = if mode == UNHEALTHY {
+            CrossReason::LocalUnhealthy
+        } else {
+            CrossReason::LocalOverloaded
         };
         if mode == LOCAL {
             if load >= cfg.high_watermark {
-                self.switch(LOCAL, OVERLOADED);
-                return Some(CrossReason::LocalOverloaded);
+                return step(Some(CrossReason::LocalOverloaded), OVERLOADED, Calm::Keep);
             }
-            return None;
+            return step(None, LOCAL, Calm::Keep);
         }
         if load >= cfg.low_watermark {
-            self.calm_since.store(0, Ordering::Relaxed);
-            return Some(cause(mode));
+            return step(Some(cause), mode, Calm::Reset);
         }
-        let since = match self.calm_since.load(Ordering::Relaxed) {
-            0 => {
-                self.calm_since.store(now, Ordering::Relaxed);
-                now
-            }
-            t => t,
+        let (since, calm) = match self.calm_since.load(Ordering::Relaxed) {
+            0 => (now, Calm::Start(now)),
+            t => (t, Calm::Keep),
         };
         if now.saturating_sub(since) >= cfg.min_dwell.as_millis() as u64 {
-            self.switch(mode, LOCAL);
-            return None;
+            return step(None, LOCAL, calm);
         }
-        Some(cause(mode))
+        step(Some(cause), mode, calm)
+    }
+
+    /// Make the state change `plan` decided on.
+    pub fn apply(&self, step: SpillStep) {
+        match step.calm {
+            Calm::Keep => {}
+            Calm::Reset => self.calm_since.store(0, Ordering::Relaxed),
+            Calm::Start(now) => {
+                let _ =
+                    self.calm_since
+                        .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
+            }
+        }
+        if step.to != step.from {
+            self.switch(step.from, step.to);
+        }
     }
 
     fn switch(&self, from: u8, to: u8) {
@@ -334,34 +374,52 @@ impl Regional {
         )
     }
 
-    /// [`Policy::pick`] at an explicit time (`pool::stats::now_ms` scale).
-    pub fn pick_at(
+    fn pick_impl(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
         now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        let allowed = |i: usize| req.allows(&workers[i]);
-        let (Some(home), Some(spill)) = (self.local, &self.spill) else {
-            return self.inner.pick(req, workers, &|i| allowed(i) && accept(i));
+        let (Some(_), Some(spill)) = (self.local, &self.spill) else {
+            let accept = |i: usize| req.allows(&workers[i]) && accept(i);
+            return self.inner.pick_at(req, workers, &accept, now, rng);
         };
+        // The local tier's condition drives the pool's spill state, whatever this
+        // request's residency; the state changes when the decision is recorded.
+        let step = if self.tiers[0].is_empty() {
+            None
+        } else {
+            let (available, load) = self.tier_load(0, workers, now);
+            Some(spill.plan(now, available > 0, load, &self.locality))
+        };
+        let state = step.and_then(|s| s.reason);
+        let d = self.pick_in_tiers(req, workers, accept, now, rng, state)?;
+        Some(Decision { spill: step, ..d })
+    }
+
+    /// The locality tiers' pick, given whether (and why) the spill state sends
+    /// requests away from the local tier.
+    fn pick_in_tiers(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        rng: &mut dyn RngCore,
+        state: Option<CrossReason>,
+    ) -> Option<Decision> {
+        let home = self.local?;
+        let allowed = |i: usize| req.allows(&workers[i]);
         let in_tier = |t: usize| {
             let tier_of = &self.tier_of;
             move |i: usize| tier_of[i] as usize == t && allowed(i) && accept(i)
         };
-        let pick_in = |t: usize| self.inner.pick(req, workers, &in_tier(t));
+        let mut pick_in = |t: usize| self.inner.pick_at(req, workers, &in_tier(t), now, rng);
         let local_pick = |d: Decision| Decision {
             cross: (workers[d.index].region != Some(home)).then_some(CrossReason::WithinBudget),
             ..d
-        };
-        // The local tier's condition drives the pool's spill state, whatever this
-        // request's residency.
-        let state = if self.tiers[0].is_empty() {
-            None
-        } else {
-            let (available, load) = self.tier_load(0, workers, now);
-            spill.evaluate(now, available > 0, load, &self.locality)
         };
         let local_allowed = self.tiers[0].iter().any(|&i| allowed(i));
         let why = if self.tiers[0].is_empty() {
@@ -414,17 +472,22 @@ impl Policy for Regional {
         self.inner.name()
     }
 
-    fn pick(
+    fn pick_at(
         &self,
         req: &RouteRequest<'_>,
         workers: &[Arc<Worker>],
         accept: &dyn Fn(usize) -> bool,
+        now: u64,
+        rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        self.pick_at(req, workers, accept, now_ms())
+        self.pick_impl(req, workers, accept, now, rng)
     }
 
     fn record(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
         self.inner.record(d, req, workers);
+        if let (Some(step), Some(spill)) = (d.spill, &self.spill) {
+            spill.apply(step);
+        }
         if let (Some(reason), Some(w)) = (d.cross, workers.get(d.index)) {
             let to = w.region.map_or(self.to_labels.len() - 1, |r| r.0 as usize);
             counter!(
@@ -451,7 +514,7 @@ mod tests {
     use super::*;
     use crate::api::RequestInfo;
     use crate::config::{self, Config, Residency};
-    use crate::pool::stats::parse_metrics;
+    use crate::pool::stats::{now_ms, parse_metrics};
     use crate::routing::{build, BuildContext};
     use std::time::Duration;
 
@@ -578,7 +641,10 @@ eu = ["eu-west", "eu-central"]
     ) -> Option<Decision> {
         let info = RequestInfo::default();
         let req = RouteRequest::new(&info, None).with_residency(res);
-        f.policy.pick(&req, &f.workers, accept)
+        let d = f.policy.pick(&req, &f.workers, accept)?;
+        // As the proxy does: the decision is final (the spill state changes).
+        f.policy.record(&d, &req, &f.workers);
+        Some(d)
     }
 
     fn down(w: &Worker) {
@@ -617,6 +683,24 @@ eu = ["eu-west", "eu-central"]
         let us = f.config.global.residency("us-east").unwrap();
         let d = pick(&f, Some(&us), &avail(&f)).unwrap();
         assert_eq!(d.cross, Some(CrossReason::Residency));
+    }
+
+    /// A pick changes no state: the spill state moves when the decision is
+    /// recorded, with the change the pick decided on.
+    #[test]
+    fn the_spill_state_changes_on_record_not_on_pick() {
+        let f = fixture("least_queue", "");
+        down(&f.workers[0]);
+        down(&f.workers[1]);
+        let info = RequestInfo::default();
+        let req = RouteRequest::new(&info, None);
+        let dry = f.policy.pick(&req, &f.workers, &avail(&f)).unwrap();
+        assert_eq!(dry.cross, Some(CrossReason::LocalUnhealthy));
+        assert!(!f.spill.is_spilling(), "a pick alone changes nothing");
+        let d = f.policy.pick(&req, &f.workers, &avail(&f)).unwrap();
+        assert_eq!(d.cross, dry.cross);
+        f.policy.record(&d, &req, &f.workers);
+        assert!(f.spill.is_spilling());
     }
 
     #[test]
@@ -658,7 +742,12 @@ eu = ["eu-west", "eu-central"]
         let req = RouteRequest::new(&info, None);
         let regional = |now| {
             fresh(now);
-            f.policy.pick_at(&req, &f.workers, &|_| true, now).unwrap()
+            let d = f
+                .policy
+                .pick_at(&req, &f.workers, &|_| true, now, &mut rand::thread_rng())
+                .unwrap();
+            f.policy.record(&d, &req, &f.workers);
+            d
         };
         load(&f.workers[0], 4);
         load(&f.workers[1], 3); // mean 0.875 ≥ 0.8
@@ -709,10 +798,18 @@ eu = ["eu-west", "eu-central"]
         /// whenever one is both allowed and accepted.
         #[test]
         fn residency_is_never_violated(
-            healthy in 0u8..64, accepted in 0u8..64, zone in 0usize..4, policy in 0usize..3,
+            healthy in 0u8..64, accepted in 0u8..64, zone in 0usize..4, policy in 0usize..7,
         ) {
-            let policy = ["least_queue", "round_robin", "cost"][policy];
-            let f = fixture(policy, "");
+            let (policy, extra) = [
+                ("least_queue", ""),
+                ("round_robin", ""),
+                ("cost", ""),
+                ("random", ""),
+                ("prefix", ""),
+                ("session", ""),
+                ("weighted", "[pools.routing]\nscorers = [{ name = \"queue\", weight = 1.0 }, { name = \"cost\", weight = 0.5 }, { name = \"kv\", weight = 0.2 }]"),
+            ][policy];
+            let f = fixture(policy, extra);
             for (i, w) in f.workers.iter().enumerate() {
                 if healthy & (1 << i) == 0 { down(w); }
             }

@@ -1,0 +1,179 @@
+//! The weighted pipeline's scorers. A [`Scorer`] rates one candidate worker in
+//! [0, 1] (higher is better); the pipeline sums `weight × score` over its scorers
+//! and names the decision after the scorer that contributed most.
+//!
+//! A pick calls [`Scorer::prepare`] once (what the scores share, e.g. the price
+//! range), then [`Scorer::score`] per candidate. Both are pure and allocation-free.
+//! Adding a scorer: one file here and one line in [`build`] (see
+//! `docs/architecture.md`, "How to add a scorer").
+
+mod cost;
+mod kv;
+/// The toy scorer of `docs/architecture.md` ("How to add a scorer"); tests only.
+#[cfg(test)]
+pub(crate) mod last;
+mod prefix;
+mod queue;
+mod session;
+
+pub use cost::Cost;
+pub use kv::Kv;
+pub use prefix::Prefix;
+pub use queue::Queue;
+pub use session::Session;
+
+use super::{Reason, RouteRequest};
+use crate::config::ScorerKind;
+use crate::pool::Worker;
+use std::sync::Arc;
+
+/// One candidate worker during a pick, as the scorers see it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Candidate {
+    /// Index into the route's workers.
+    pub i: usize,
+    /// Estimated requests queued or running.
+    pub queue: f64,
+    /// Estimated wait before a new request's prefill, in prompt tokens:
+    /// pending prefill tokens + `QUEUE_TOKENS` × queue; for a stale worker, at
+    /// least the busiest fresh worker's.
+    pub wait: f64,
+    /// `wait` before that stale adjustment.
+    pub own_wait: f64,
+    /// KV-cache usage in [0, 1].
+    pub kv: f64,
+    /// Its stats are stale (and some other candidate's are fresh).
+    pub stale: bool,
+    /// USD per 1M tokens (0 when unpriced).
+    pub price: f64,
+    /// Leading prefix blocks the worker holds (prefix index).
+    pub depth: u32,
+    /// The weighted score.
+    pub score: f64,
+    /// Placing a prefix: blocks the index attributes to the worker; whether the
+    /// prefix fits its cache, and keeps its footprint within the bound.
+    pub footprint: u64,
+    pub room: bool,
+    pub fits: bool,
+}
+
+/// What every scorer may look at during one pick.
+pub struct PickView<'a> {
+    pub req: &'a RouteRequest<'a>,
+    pub workers: &'a [Arc<Worker>],
+    pub cands: &'a [Candidate],
+    /// The largest `wait` among the candidates.
+    pub max_wait: f64,
+    /// The request's prefix blocks (empty unless a scorer uses the prefix).
+    pub n_blocks: usize,
+    /// The deepest any candidate holds the prefix.
+    pub max_depth: u32,
+    /// The stable key that breaks ties (rendezvous hashing).
+    pub key: u64,
+}
+
+/// What a scorer computes once per pick and reads back for every candidate: two
+/// numbers and a worker index, each used or not as the scorer needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Prepared {
+    pub lo: f64,
+    pub hi: f64,
+    pub index: Option<usize>,
+}
+
+/// A weighted scorer (see the module docs).
+pub trait Scorer: Send + Sync {
+    /// Once per pick, before any [`Scorer::score`].
+    fn prepare(&self, _view: &PickView<'_>) -> Prepared {
+        Prepared::default()
+    }
+
+    /// The candidate's score in [0, 1].
+    fn score(&self, prep: &Prepared, view: &PickView<'_>, c: &Candidate) -> f64;
+
+    /// The decision's reason when this scorer contributed most to the chosen
+    /// worker's score.
+    fn reason(&self) -> Reason;
+
+    /// The reason when no scorer scored the chosen worker above 0 and this is the
+    /// first scorer.
+    fn idle_reason(&self) -> Reason {
+        self.reason()
+    }
+
+    /// A reason that overrides every scorer's but the one holding the prefix
+    /// (the prefix scorer: a prefix nobody holds is `new_prefix`).
+    fn override_reason(&self, _view: &PickView<'_>) -> Option<Reason> {
+        None
+    }
+
+    /// The scorer reads the request's prefix blocks and the prefix index.
+    fn uses_prefix(&self) -> bool {
+        false
+    }
+
+    /// A tie-break key this scorer wants instead of the prefix or text hash.
+    fn tie_key(&self, _req: &RouteRequest<'_>) -> Option<u64> {
+        None
+    }
+}
+
+/// The scorer a configured name stands for.
+pub fn build(kind: ScorerKind) -> Box<dyn Scorer> {
+    match kind {
+        ScorerKind::Prefix => Box::new(Prefix),
+        ScorerKind::Queue => Box::new(Queue),
+        ScorerKind::Cost => Box::new(Cost),
+        ScorerKind::Session => Box::new(Session),
+        ScorerKind::Kv => Box::new(Kv),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use crate::api::RequestInfo;
+    use crate::routing::test_support::workers;
+
+    /// Candidate `i` with defaults, adjusted by `f`.
+    pub fn cand(i: usize, f: impl FnOnce(&mut Candidate)) -> Candidate {
+        let mut c = Candidate {
+            i,
+            room: true,
+            fits: true,
+            ..Default::default()
+        };
+        f(&mut c);
+        c
+    }
+
+    /// Run `f` on a view of `cands` (no prefix blocks, `max_wait` from the
+    /// candidates) for a request with `session`.
+    pub fn with_view<R>(
+        cands: &[Candidate],
+        session: Option<&str>,
+        f: impl FnOnce(PickView<'_>) -> R,
+    ) -> R {
+        let info = RequestInfo::default();
+        let req = RouteRequest::new(&info, session);
+        let ws = workers(cands.iter().map(|c| c.i + 1).max().unwrap_or(0));
+        let view = PickView {
+            req: &req,
+            workers: &ws,
+            cands,
+            max_wait: cands.iter().map(|c| c.wait).fold(0.0, f64::max),
+            n_blocks: 0,
+            max_depth: 0,
+            key: session.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes())),
+        };
+        f(view)
+    }
+
+    /// Every candidate's score under `s`.
+    pub fn scores(s: &dyn Scorer, cands: &[Candidate], session: Option<&str>) -> Vec<f64> {
+        with_view(cands, session, |v| {
+            let p = s.prepare(&v);
+            cands.iter().map(|c| s.score(&p, &v, c)).collect()
+        })
+    }
+}
