@@ -222,6 +222,32 @@ pub trait Policy: Send + Sync {
     }
 }
 
+/// Test support: a pool config's workers (with a prefix index over them) and
+/// what `make` builds from the context the registry would give a policy.
+#[cfg(test)]
+pub(crate) fn build_for_test<T>(
+    pc: &PoolConfig,
+    make: impl FnOnce(&BuildContext<'_>) -> T,
+) -> (Vec<Arc<Worker>>, T) {
+    let workers: Vec<Arc<Worker>> = pc
+        .workers
+        .iter()
+        .map(|wc| Arc::new(Worker::new(&wc.url, wc.labels.clone(), Default::default()).unwrap()))
+        .collect();
+    let index = Arc::new(PrefixIndex::new(pc.routing.index_max_blocks));
+    index.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
+    let built = make(&BuildContext {
+        kind: pc.policy,
+        model: "m",
+        pool: pc,
+        workers: &workers,
+        index: Some(&index),
+        global: &Default::default(),
+        spill: None,
+    });
+    (workers, built)
+}
+
 /// What building a route's policy needs.
 pub struct BuildContext<'a> {
     pub kind: PolicyKind,

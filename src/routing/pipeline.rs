@@ -620,27 +620,11 @@ mod tests {
         build: impl FnOnce(&BuildContext<'_>) -> Box<dyn Policy>,
     ) -> Fixture {
         let pc = pool(policy, extra);
-        let workers: Vec<Arc<Worker>> = pc
-            .workers
-            .iter()
-            .map(|wc| {
-                Arc::new(Worker::new(&wc.url, wc.labels.clone(), Default::default()).unwrap())
-            })
-            .collect();
-        let index = Arc::new(PrefixIndex::new(pc.routing.index_max_blocks));
-        index.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
-        let ctx = BuildContext {
-            kind: pc.policy,
-            model: "m",
-            pool: &pc,
-            workers: &workers,
-            index: Some(&index),
-            global: &Default::default(),
-            spill: None,
-        };
+        let (workers, (policy, core)) =
+            crate::routing::build_for_test(&pc, |ctx| (build(ctx), Pipeline::new(ctx)));
         Fixture {
-            policy: build(&ctx),
-            core: Pipeline::new(&ctx),
+            policy,
+            core,
             workers,
         }
     }

@@ -4,7 +4,7 @@
 //! answer for the same inputs (history, stats, request, clock and RNG seed).
 //! Residency under every preset is checked in `region.rs`.
 
-use super::{build, BuildContext, Policy, PrefixIndex, RouteRequest};
+use super::{build, Policy, RouteRequest};
 use crate::api::RequestInfo;
 use crate::config::{self, PoolConfig};
 use crate::pool::stats::{now_ms, parse_metrics};
@@ -64,24 +64,9 @@ struct Gateway {
 
 fn gateway(policy: &str, routing: &str) -> Gateway {
     let pc = pool(policy, routing);
-    let workers: Vec<Arc<Worker>> = pc
-        .workers
-        .iter()
-        .map(|wc| Arc::new(Worker::new(&wc.url, wc.labels.clone(), Default::default()).unwrap()))
-        .collect();
-    let index = Arc::new(PrefixIndex::new(pc.routing.index_max_blocks));
-    index.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
-    let ctx = BuildContext {
-        kind: pc.policy,
-        model: "m",
-        pool: &pc,
-        workers: &workers,
-        index: Some(&index),
-        global: &Default::default(),
-        spill: None,
-    };
+    let (workers, policy) = super::build_for_test(&pc, build);
     Gateway {
-        policy: build(&ctx),
+        policy,
         workers,
         pc,
     }
