@@ -213,7 +213,11 @@ fn open_file_limits(pid: u32) -> (String, String) {
 async fn the_binary_raises_its_open_file_limit_and_logs_without_colour() {
     let sims = sims(1, 1.0).await;
     let worker = urls(&sims)[0].clone();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+    // Started with a low soft limit (a shell lowers it, then execs the binary in
+    // the same process), so the test shows the binary raising it.
+    let mut child = tokio::process::Command::new("sh")
+        .args(["-c", "ulimit -Sn 256 && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_switchyard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--worker", &worker])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -237,6 +241,7 @@ async fn the_binary_raises_its_open_file_limit_and_logs_without_colour() {
     .expect("listening log line");
     let (soft, hard) = open_file_limits(pid);
     assert_eq!(soft, hard, "soft limit raised to the hard one");
+    assert_ne!(soft, "256", "the soft limit was left as started");
     assert!(logged.contains("open-file limit"), "{logged}");
     assert!(logged.contains("max_connections"), "{logged}");
     assert!(

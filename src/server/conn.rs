@@ -67,6 +67,24 @@ pub(crate) struct HeaderLimits {
     pub max_header_bytes: usize,
 }
 
+impl HeaderLimits {
+    pub(crate) fn of(cfg: &crate::config::ServerConfig) -> Self {
+        HeaderLimits {
+            max_headers: cfg.max_headers,
+            max_header_bytes: cfg.max_header_bytes,
+        }
+    }
+}
+
+impl ConnTimeouts {
+    pub(crate) fn of(cfg: &crate::config::ServerConfig) -> Self {
+        ConnTimeouts {
+            header: cfg.header_read_timeout,
+            idle: cfg.idle_timeout,
+        }
+    }
+}
+
 impl ConnState {
     /// A request's headers arrived: check what the protocol layer leaves to us.
     /// Counts the request for the idle watchdog.
@@ -243,8 +261,8 @@ pub(crate) struct Scanned<T> {
     io: T,
     state: Arc<ConnState>,
     mode: Mode,
-    /// Bytes read so far, to spot the HTTP/2 preface.
-    total: u64,
+    /// Something was read already (the HTTP/2 preface can only come first).
+    started: bool,
     /// The last byte read.
     prev: u8,
     /// Bytes since the last LF.
@@ -260,7 +278,7 @@ impl<T> Scanned<T> {
             io,
             state,
             mode: Mode::Headers,
-            total: 0,
+            started: false,
             prev: 0,
             line_len: 0,
             lines: 0,
@@ -268,10 +286,10 @@ impl<T> Scanned<T> {
     }
 
     fn scan(&mut self, bytes: &[u8]) {
-        if self.total == 0 && bytes.starts_with(H2_PREFACE_START) {
+        if !self.started && bytes.starts_with(H2_PREFACE_START) {
             self.mode = Mode::Off;
         }
-        self.total += bytes.len() as u64;
+        self.started |= !bytes.is_empty();
         if self.mode != Mode::Headers || bytes.is_empty() {
             return;
         }

@@ -257,14 +257,7 @@ pub(crate) async fn serve_internal(
 ) {
     use tower::ServiceExt;
     let builder = connection_builder(&cfg);
-    let limits = HeaderLimits {
-        max_headers: cfg.max_headers,
-        max_header_bytes: cfg.max_header_bytes,
-    };
-    let timeouts = ConnTimeouts {
-        header: cfg.header_read_timeout,
-        idle: cfg.idle_timeout,
-    };
+    let (limits, timeouts) = (HeaderLimits::of(&cfg), ConnTimeouts::of(&cfg));
     let permits = Arc::new(tokio::sync::Semaphore::new(cap));
     // Never signalled: the internal listener lives as long as the process.
     let (_never, stop) = tokio::sync::watch::channel(false);
@@ -329,14 +322,7 @@ pub(crate) async fn serve_with_permits(
     let app = router(gw.clone());
     let server_cfg = gw.registry.config().server.clone();
     let builder = connection_builder(&server_cfg);
-    let limits = HeaderLimits {
-        max_headers: server_cfg.max_headers,
-        max_header_bytes: server_cfg.max_header_bytes,
-    };
-    let timeouts = ConnTimeouts {
-        header: server_cfg.header_read_timeout,
-        idle: server_cfg.idle_timeout,
-    };
+    let (limits, timeouts) = (HeaderLimits::of(&server_cfg), ConnTimeouts::of(&server_cfg));
     // Connections hold a receiver: `true` asks them to shut down gracefully, and
     // the sender's `closed()` tells when the last one has ended.
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
