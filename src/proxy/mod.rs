@@ -3,6 +3,7 @@
 //! client, then hand the response body to the observer.
 
 mod attempts;
+pub mod context;
 pub(crate) mod disagg;
 mod error;
 mod fallback;
@@ -11,6 +12,7 @@ mod headers;
 pub mod observe;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
+pub use context::RequestTags;
 pub use error::GatewayError;
 pub use fallback::forward_with_fallbacks;
 pub use forward::{
