@@ -11,10 +11,11 @@ use crate::telemetry::sinks::{self, throughput::Throughput, Sinks};
 use crate::telemetry::{local, names};
 use arc_swap::ArcSwap;
 use metrics::{gauge, SharedString};
+use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -115,7 +116,7 @@ impl Fleet {
 
     /// Rebuild the view from the snapshot and the measured rates.
     pub fn tick(&self, now: Instant, snap: &Snapshot, rates: &Throughput) {
-        let mut st = self.tick.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.tick.lock();
         let cfg = &snap.config.observability;
         let mut view = FleetView {
             t: sinks::unix_ms(),
@@ -258,7 +259,7 @@ pub fn spawn_ticker(sinks: Arc<Sinks>, fleet: Arc<Fleet>, registry: Arc<Registry
         every.tick().await;
         loop {
             every.tick().await;
-            let now = Instant::now();
+            let now = crate::runtime::clock::now();
             let snap = registry.snapshot();
             sinks.series.tick(sinks::unix_ms());
             let live_worker = |id: &str| snap.workers().any(|w| &*w.id == id);

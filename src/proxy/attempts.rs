@@ -148,7 +148,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
         let route = self.ctx.route;
         let limit = route.pool.config.max_concurrency_per_worker;
         loop {
-            self.pick_start = self.ctx.tags.tracing().then(Instant::now);
+            self.pick_start = self.ctx.tags.tracing().then(crate::runtime::clock::now);
             let accept =
                 |i: usize| self.eligible(i) && (limit == 0 || route.workers[i].in_flight() < limit);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
@@ -164,7 +164,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
                             .get(PRIORITY_HEADER)
                             .and_then(|v| v.to_str().ok()),
                     );
-                    let waited = Instant::now();
+                    let waited = crate::runtime::clock::now();
                     let r = Box::pin(q.wait(prio, waited)).await;
                     self.ctx.tags.add_waited(waited.elapsed());
                     r.map_err(|e| match e {
@@ -205,7 +205,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
         let policy = self.policy;
         if self.attempt > 0 {
             counter!(names::RETRIES_TOTAL, names::L_POOL => self.pool_label.clone()).increment(1);
-            let b = Instant::now();
+            let b = crate::runtime::clock::now();
             Box::pin(backoff(ctx.route.pool.config.retry_backoff, self.attempt)).await;
             ctx.tags.add_waited(b.elapsed());
         }
@@ -225,7 +225,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 kind: SpanKind::Internal,
                 span_id: new_span_id(),
                 start: pick_start,
-                end: Instant::now(),
+                end: crate::runtime::clock::now(),
                 attrs: vec![
                     ("switchyard.policy", policy.name().into()),
                     ("switchyard.reason", decision.reason.as_str().into()),
@@ -415,7 +415,7 @@ fn may_retry(
     if attempt >= pool.config.max_attempts {
         return Err("attempts");
     }
-    if Instant::now() >= deadline {
+    if crate::runtime::clock::now() >= deadline {
         return Err("deadline");
     }
     let skip_prefill = pool.config.disaggregation.is_some();

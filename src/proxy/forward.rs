@@ -262,7 +262,7 @@ pub(crate) async fn send_attempt(
         Err(e) => return (Err(e), None),
     };
     let guard = worker.begin(route.pool.queue.as_ref(), size);
-    let sent = Instant::now();
+    let sent = crate::runtime::clock::now();
     let until = (sent + ctx.timeouts.first_byte).min(deadline);
     let wait = until.saturating_duration_since(sent);
     let result =
@@ -284,7 +284,7 @@ pub(crate) async fn send_attempt(
             kind: SpanKind::Client,
             span_id: attempt_span,
             start: sent,
-            end: Instant::now(),
+            end: crate::runtime::clock::now(),
             attrs: vec![
                 ("switchyard.worker", worker.id.as_ref().into()),
                 ("switchyard.attempt", attempt.into()),

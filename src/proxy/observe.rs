@@ -174,7 +174,7 @@ impl Observer {
             self.usage = self.tail.usage();
         } else if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
-            self.on_line(&line, Instant::now());
+            self.on_line(&line, crate::runtime::clock::now());
         }
     }
 }
@@ -289,7 +289,7 @@ impl<B> ObservedBody<B> {
         ObservedBody {
             inner,
             timer: None,
-            last_activity: Instant::now(),
+            last_activity: crate::runtime::clock::now(),
             obs: Observer {
                 p,
                 first_content: None,
@@ -367,7 +367,7 @@ where
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    let now = Instant::now();
+                    let now = crate::runtime::clock::now();
                     this.last_activity = now;
                     if let Some(data) = frame.data_ref() {
                         this.obs.on_data(data, now);
@@ -399,7 +399,7 @@ where
             if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            if Instant::now() >= due {
+            if crate::runtime::clock::now() >= due {
                 let (reason, msg) = if due == this.obs.p.deadline {
                     (
                         "total_timeout",

@@ -30,7 +30,7 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    let start = Instant::now();
+    let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
     let snap = gw.registry.snapshot();
@@ -226,7 +226,7 @@ impl<'a> Inbound<'a> {
             kind: SpanKind::Internal,
             span_id: new_span_id(),
             start: self.start,
-            end: Instant::now(),
+            end: crate::runtime::clock::now(),
             attrs,
             error: false,
         });

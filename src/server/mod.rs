@@ -330,7 +330,7 @@ pub(crate) async fn serve_with_permits(
     // Connections hold a receiver: `true` asks them to shut down gracefully, and
     // the sender's `closed()` tells when the last one has ended.
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    let mut grace_end = tokio::time::Instant::now();
+    let mut grace_end = crate::runtime::clock::now();
     tokio::pin!(shutdown);
     loop {
         // At the connection cap, stop accepting until one closes.
@@ -338,7 +338,7 @@ pub(crate) async fn serve_with_permits(
             p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
             _ = &mut shutdown, if !gw.is_shutting_down() => {
                 gw.shutting_down.store(true, Ordering::Relaxed);
-                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                grace_end = crate::runtime::clock::now() + server_cfg.unready_grace;
                 if server_cfg.unready_grace.is_zero() {
                     break;
                 }
@@ -379,7 +379,7 @@ pub(crate) async fn serve_with_permits(
             _ = &mut shutdown, if !gw.is_shutting_down() => {
                 // Readiness turns false first; keep accepting through the grace period.
                 gw.shutting_down.store(true, Ordering::Relaxed);
-                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                grace_end = crate::runtime::clock::now() + server_cfg.unready_grace;
                 tracing::info!(grace = ?server_cfg.unready_grace, "shutting down: not ready");
                 if server_cfg.unready_grace.is_zero() {
                     break;

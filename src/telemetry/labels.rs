@@ -7,8 +7,9 @@ use crate::config::OTHER_LABEL;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 use metrics::{counter, SharedString};
+use parking_lot::Mutex;
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use thread_local::ThreadLocal;
 
 /// Label value for "not applicable" (no worker, no pool).
@@ -75,7 +76,7 @@ impl BoundedLabels {
         if let Some(s) = self.seen.get(v) {
             return Some(s.clone());
         }
-        let _g = self.admit.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.admit.lock();
         if let Some(s) = self.seen.get(v) {
             return Some(s.clone());
         }

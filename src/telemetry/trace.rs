@@ -215,7 +215,7 @@ impl Tracer {
             End::Proxied { outcome, .. } => outcome.as_str(),
             End::Refused { reason, .. } => reason,
         };
-        let end = unix_ns_at(Instant::now());
+        let end = unix_ns_at(crate::runtime::clock::now());
         let mut attrs = vec![
             ("http.response.status_code", json!(r.status)),
             ("switchyard.outcome", json!(outcome)),

@@ -4,9 +4,9 @@
 
 use super::super::local::LocalCount;
 use super::super::LATENCY_BUCKETS;
+use parking_lot::Mutex;
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::time::Duration;
 use thread_local::ThreadLocal;
 
@@ -147,7 +147,7 @@ impl Series {
 
     /// The last seconds, oldest first.
     pub fn seconds(&self) -> Vec<SecondAgg> {
-        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = self.ring.lock();
         ring.seconds.iter().cloned().collect()
     }
 
@@ -162,7 +162,7 @@ impl Series {
             s.ttft.add_to(&mut now_t.ttft);
             s.itl.add_to(&mut now_t.itl);
         }
-        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ring = self.ring.lock();
         let was = std::mem::replace(&mut ring.seen, now_t);
         let ttft = since(&now_t.ttft, &was.ttft);
         let itl = since(&now_t.itl, &was.itl);

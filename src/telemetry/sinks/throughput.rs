@@ -5,9 +5,10 @@
 use super::super::local::{LocalCount, LocalMap};
 use super::super::FastMap;
 use super::series::{quantile, since, LocalHist, NB};
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -57,7 +58,7 @@ impl Throughput {
 
     /// The pool's TTFT p90 over the last minute, in seconds.
     pub fn ttft_p90(&self, pool: &str) -> Option<f64> {
-        let st = self.tick.lock().unwrap_or_else(|e| e.into_inner());
+        let st = self.tick.lock();
         let w = st.pool_ttft.get(pool)?;
         let mut sum = [0u64; NB];
         for s in w {
@@ -76,7 +77,7 @@ impl Throughput {
         live_worker: impl Fn(&str) -> bool,
         live_pool: impl Fn(&str) -> bool,
     ) {
-        let mut st = self.tick.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.tick.lock();
         let dt = st
             .last_tick
             .map_or(1.0, |t| now.saturating_duration_since(t).as_secs_f64())
@@ -135,7 +136,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn rates_and_windows_follow_ticks_and_forget_the_gone() {
         let t = Throughput::default();
-        let t0 = Instant::now();
+        let t0 = crate::runtime::clock::now();
         t.tick(t0, |_| true, |_| true);
         t.record("w1", "p", 1000, Some(Duration::from_millis(100)));
         t.tick(t0 + Duration::from_secs(1), |_| true, |_| true);
