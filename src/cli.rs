@@ -96,7 +96,10 @@ impl ServeArgs {
                 ..Default::default()
             });
         }
-        parsed.validate(Secrets::Required).map(|c| c.config)
+        parsed
+            .check_with(crate::routing::scorers::unknown_names)
+            .validate(Secrets::Required)
+            .map(|c| c.config)
     }
 }
 
@@ -114,7 +117,9 @@ pub fn check_config(
     path: &std::path::Path,
     secrets: Secrets,
 ) -> Result<String, config::ConfigError> {
-    let checked = config::check_file(path, secrets)?;
+    let checked = config::read_file(path)?
+        .check_with(crate::routing::scorers::unknown_names)
+        .validate(secrets)?;
     let c = &checked.config;
     let workers: usize = c.pools.iter().map(|p| p.workers.len()).sum();
     let mut out = format!(
