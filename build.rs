@@ -14,10 +14,11 @@ fn main() {
         .or_else(git_rev)
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=SWITCHYARD_GIT_REV={}", rev.trim());
-    // Rebuild only when HEAD moves: HEAD itself (a checkout) and the ref it names (a
-    // commit). Only files that exist: a missing one would make every build dirty.
+    // Rebuild only when HEAD moves: HEAD itself (a checkout), its reflog (appended on
+    // every commit, checkout or reset, even when the branch ref is packed) and the ref
+    // it names. Only files that exist: a missing one would make every build dirty.
     if let Some(git_dir) = git_dir() {
-        let mut watched = vec![git_dir.join("HEAD")];
+        let mut watched = vec![git_dir.join("HEAD"), git_dir.join("logs").join("HEAD")];
         if let Some(reference) = head_ref(&git_dir) {
             let common = common_dir(&git_dir);
             watched.push(common.join(&reference));
