@@ -130,9 +130,28 @@ def config_problems(objects, binary):
     return []
 
 
+def subset_problems(given, rendered, path="config"):
+    """Where the rendered TOML lost or changed a value given in `config` (the chart's
+    own TOML emitter: numbers, quoting, nesting)."""
+    if isinstance(given, dict):
+        if not isinstance(rendered, dict):
+            return [f"{path}: rendered as {rendered!r}"]
+        return [p for k, v in given.items() for p in subset_problems(v, rendered.get(k), f"{path}.{k}")]
+    if isinstance(given, list):
+        if not isinstance(rendered, list) or len(rendered) != len(given):
+            return [f"{path}: rendered as {rendered!r}"]
+        return [p for i, (g, r) in enumerate(zip(given, rendered)) for p in subset_problems(g, r, f"{path}[{i}]")]
+    if given != rendered or isinstance(given, bool) != isinstance(rendered, bool):
+        return [f"{path}: {given!r} rendered as {rendered!r}"]
+    return []
+
+
 def check(values, label, binary):
     objects = render(values)
     problems = schema_problems(objects) + reference_problems(objects) + config_problems(objects, binary)
+    with helm.Chart.load(str(CHART)) as chart:
+        merged = chart.merge_values(values)
+    problems += subset_problems(merged["config"], toml_loads(config_text(objects)))
     kinds = sorted({o["kind"] for _, o in objects})
     return objects, problems, kinds
 
@@ -156,6 +175,8 @@ def negative(defaults, binary):
             o["spec"]["selector"] = {"app.kubernetes.io/name": "someone-else"}
     if not any("Service selector" in p for p in reference_problems(broken)):
         missed.append("reference check accepted a Service that selects no gateway pod")
+    if not subset_problems({"pools": [{"port": 8000}]}, {"pools": [{"port": 8000.5}]}):
+        missed.append("round-trip check accepted a changed number")
     bad_values = {"config": {"server": {"drain_timeout_ms": "soon", "lisen": "x"}}}
     if not config_problems(render(bad_values), binary):
         missed.append("check-config accepted a config with an unknown key and a string duration")
