@@ -1,9 +1,23 @@
-//! Command-line entry points shared by the binary: `serve`, `check-config`, `demo`.
+//! Command-line entry points shared by the binary: `serve`, `check-config`,
+//! `health`, and the version string.
+
+mod health;
+
+pub use health::{probe as health_probe, HealthArgs};
 
 use crate::config::{self, Config, PolicyKind, RawConfig, RawPool, RawWorker, Secrets};
 use clap::builder::PossibleValuesParser;
 use clap::Args;
 use std::path::PathBuf;
+
+/// `switchyard --version`: the package version and the git revision it was built
+/// from (`unknown` outside a git tree; see `build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("SWITCHYARD_GIT_REV"),
+    ")"
+);
 
 /// `--policy` takes one of the policy names.
 fn policy_names() -> PossibleValuesParser {
