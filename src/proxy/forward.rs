@@ -83,6 +83,12 @@ impl ForwardContext<'_> {
         .with_residency(self.residency)
     }
 
+    /// Does this request go upstream as a chat completion (a Messages request
+    /// on a pool that translates)?
+    pub(crate) fn translates(&self) -> bool {
+        super::anthropic::translates(&self.route.pool.config, self.endpoint)
+    }
+
     /// The request's residency allows `worker`'s region.
     #[inline]
     pub(crate) fn allows(&self, worker: &Worker) -> bool {
@@ -371,13 +377,13 @@ fn prepare(
     attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let plain = worker.is_plain_http();
-    let pq = ctx
-        .parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let uri = if plain && worker.path_prefix.is_empty() {
+    let translated = ctx.translates();
+    let pq = match ctx.parts.uri.path_and_query() {
+        _ if translated => super::anthropic::CHAT_PATH,
+        Some(p) => p.as_str(),
+        None => "/",
+    };
+    let uri = if plain && worker.path_prefix.is_empty() && !translated {
         // Origin form for `request_origin`; the path is the client's, shared.
         Ok(origin_form(&ctx.parts.uri))
     } else if plain {
@@ -483,7 +489,17 @@ pub(crate) fn respond(
             guard,
             tags: ctx.tags.clone(),
             route,
+            // A translated stream's errors are reshaped with the rest of it.
+            anthropic_errors: ctx.endpoint.is_anthropic() && !ctx.translates(),
         },
     );
+    if ctx.translates() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let status = parts.status.as_u16();
+        return Response::from_parts(
+            parts,
+            Body::new(super::anthropic::TranslatedBody::new(observed, sse, status)),
+        );
+    }
     Response::from_parts(parts, Body::new(observed))
 }

@@ -10,6 +10,18 @@ pub mod request;
 pub mod response;
 pub mod stream;
 
+/// The Messages API's own required fields, checked before routing so every
+/// pool answers the same: `messages`, and `max_tokens` to create a message.
+pub fn check(endpoint: super::Endpoint, info: &super::RequestInfo) -> Result<(), String> {
+    if info.routing_text.is_none() {
+        return Err("messages: field required".into());
+    }
+    if endpoint == super::Endpoint::Messages && info.max_tokens.is_none() {
+        return Err("max_tokens: field required".into());
+    }
+    Ok(())
+}
+
 /// Where a chat completion's fields land in a Messages answer.
 fn stop_reason(finish: Option<&str>, matched_stop: Option<&str>) -> &'static str {
     match finish {
