@@ -420,3 +420,65 @@ async fn system_prompt_and_messages_drive_prefix_affinity() {
         "one shared system prompt, one worker: {chosen:?}"
     );
 }
+
+#[tokio::test]
+async fn a_failed_stream_ends_with_an_anthropic_error_event() {
+    let s = sims(1, 20.0).await;
+    for mode in ["passthrough", "translate"] {
+        let gw = gateway_for(&format!("anth-die-{mode}"), mode, &s, "").await;
+        let r = client()
+            .post(format!("{}/v1/messages", gw.url()))
+            .header("x-sim-fault", "die-after:3")
+            .json(&message(true, 20))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let ev = events(&r.text().await.unwrap());
+        let (name, data) = ev.last().unwrap();
+        assert_eq!(name, "error", "{mode}: {ev:?}");
+        assert_eq!(data["error"]["type"], "api_error", "{mode}");
+        assert!(data["error"]["message"].is_string());
+        assert!(
+            names_of(&ev).contains(&"content_block_delta"),
+            "{mode}: tokens came first"
+        );
+        assert!(!names_of(&ev).contains(&"message_stop"), "{mode}");
+    }
+}
+
+#[tokio::test]
+async fn a_down_passthrough_pool_falls_back_to_a_translating_one() {
+    let s = sims(1, 20.0).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let gw = gateway(&format!(
+        "[[pools]]\nname = \"anth-down\"\nmodels = [\"anth-model\"]\nfallback = [\"anth-fb\"]\nworkers = [{{ url = \"{dead}\" }}]\n\
+         [[pools]]\nname = \"anth-fb\"\nmodels = [\"anth-fb-model\"]\nanthropic = \"translate\"\nupstream_model = \"{}\"\nworkers = [{{ url = \"{}\" }}]\n",
+        sim_model(),
+        s[0].url()
+    ))
+    .await;
+    let mut body = weather_tools(false);
+    body["model"] = json!("anth-model");
+    let r = post(&gw.url(), "/v1/messages", &body, None).await;
+    assert_eq!(r.status(), 200);
+    let m: Value = r.json().await.unwrap();
+    // Translated for the fallback pool: the tool call id is the engine's chat id.
+    assert!(
+        m["content"][0]["id"].as_str().unwrap().starts_with("call_"),
+        "{m}"
+    );
+    assert_eq!(m["stop_reason"], "tool_use");
+    let text = scrape(&gw.url()).await;
+    assert_eq!(
+        metric_sum(
+            &text,
+            names::REQUESTS_TOTAL,
+            &[("pool", "anth-fb"), ("endpoint", "messages")]
+        ),
+        1.0
+    );
+}
