@@ -162,14 +162,16 @@ pub struct ForwardContext<'a> {
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
 /// retryable failures (within the pool's retry budget), queueing when every
 /// eligible worker is at its concurrency limit, and return the observed response.
-/// Disaggregated pools go through `disagg::forward`, which may come back here.
+/// Disaggregated pools go through `disagg::forward`, which may come back here;
+/// so do Messages requests a pool translates (they travel as chat completions).
 pub async fn forward(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
     let result = match &ctx.route.pool.config.disaggregation {
         Some(d)
-            if matches!(
-                ctx.endpoint,
-                Endpoint::ChatCompletions | Endpoint::Completions
-            ) =>
+            if ctx.translates()
+                || matches!(
+                    ctx.endpoint,
+                    Endpoint::ChatCompletions | Endpoint::Completions
+                ) =>
         {
             // Boxed: its state would otherwise be part of every request's future.
             Box::pin(super::disagg::forward(ctx, d)).await
