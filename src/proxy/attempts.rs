@@ -16,7 +16,7 @@ use crate::pool::{InFlightGuard, ModelRoute, Role};
 use crate::routing::{Decision, Policy, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
-use crate::telemetry::trace::{new_span_id, SpanKind};
+use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind};
 use axum::body::Body;
 use http::Response;
 use hyper::body::Incoming;
@@ -220,13 +220,13 @@ impl<'c, 'a> Attempts<'c, 'a> {
         let est_cost = policy.estimate_cost(decision, &self.rreq);
         self.tried.push(decision.index);
         if let Some(pick_start) = self.pick_start {
-            ctx.tags.child_span(
-                "switchyard.route",
-                SpanKind::Internal,
-                new_span_id(),
-                pick_start,
-                Instant::now(),
-                vec![
+            ctx.tags.child_span(ChildSpan {
+                name: "switchyard.route",
+                kind: SpanKind::Internal,
+                span_id: new_span_id(),
+                start: pick_start,
+                end: Instant::now(),
+                attrs: vec![
                     ("switchyard.policy", policy.name().into()),
                     ("switchyard.reason", decision.reason.as_str().into()),
                     (
@@ -234,8 +234,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
                         ctx.route.workers[decision.index].id.as_ref().into(),
                     ),
                 ],
-                false,
-            );
+                error: false,
+            });
         }
         Pick {
             predicted,

@@ -4,12 +4,12 @@
 use super::error::GatewayError;
 use super::headers::{forwardable, stays_at_gateway, strip_hop_by_hop};
 use super::observe::{ObserveParams, ObservedBody};
+use super::RequestTags;
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
 use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Worker};
 use crate::routing::{Reason, RouteRequest};
-use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
-use crate::telemetry::RequestTags;
+use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TRACEPARENT};
 use crate::upstream::{origin_form, UpstreamBody, UpstreamClient};
 use axum::body::Body;
 use bytes::Bytes;
@@ -287,19 +287,19 @@ pub(crate) async fn send_attempt(
             Ok(Err(_)) => ("upstream_failed", true),
             Err(_) => ("upstream_timeout", true),
         };
-        ctx.tags.child_span(
-            "switchyard.upstream_attempt",
-            SpanKind::Client,
-            attempt_span,
-            sent,
-            Instant::now(),
-            vec![
+        ctx.tags.child_span(ChildSpan {
+            name: "switchyard.upstream_attempt",
+            kind: SpanKind::Client,
+            span_id: attempt_span,
+            start: sent,
+            end: Instant::now(),
+            attrs: vec![
                 ("switchyard.worker", worker.id.as_ref().into()),
                 ("switchyard.attempt", attempt.into()),
                 ("switchyard.result", label.into()),
             ],
             error,
-        );
+        });
     }
     let (err, failure) = match result {
         Err(_) => (

@@ -4,6 +4,7 @@
 
 pub(crate) mod anthropic;
 mod attempts;
+pub mod context;
 pub(crate) mod disagg;
 mod error;
 mod fallback;
@@ -13,6 +14,7 @@ pub mod observe;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
 pub use anthropic::pool_body;
+pub use context::RequestTags;
 pub use error::GatewayError;
 pub use fallback::forward_with_fallbacks;
 pub use forward::{

@@ -3,11 +3,10 @@
 //! the idle and total deadlines, and ends a failed SSE stream with an explicit error
 //! event. Metrics are recorded once, when the body ends or is dropped.
 
+use super::RequestTags;
 use crate::api::ErrorBody;
 use crate::pool::InFlightGuard;
-use crate::telemetry::{
-    self, names, Finished, Outcome, PairMetrics, RequestMetrics, RequestTags, RouteTags,
-};
+use crate::telemetry::{self, names, End, Outcome, PairMetrics, RequestMetrics, RouteTags};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
@@ -209,7 +208,7 @@ impl Observer {
                 Some(prev) => {
                     let gap = now.duration_since(prev);
                     self.p.metrics.itl.record(gap.as_secs_f64());
-                    self.p.tags.hub.record_itl(gap);
+                    self.p.tags.sinks.record_itl(gap);
                     self.itl_sum += gap;
                 }
             }
@@ -305,13 +304,12 @@ impl Drop for Observer {
                 .then(|| self.itl_sum / (self.content_events - 1) as u32),
             response_bytes: self.response_bytes,
         };
-        telemetry::record_request(
-            &self.p.tags,
-            &self.p.route,
-            Finished {
+        self.p.tags.finish(
+            telemetry::ENDPOINTS[self.p.endpoint],
+            self.p.status,
+            End::Proxied {
+                route: &self.p.route,
                 pair: &self.p.metrics,
-                endpoint: telemetry::ENDPOINTS[self.p.endpoint],
-                status: self.p.status,
                 outcome,
                 m: &m,
             },

@@ -4,11 +4,12 @@ use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelCard, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::pool::{ModelRoute, Snapshot};
+use crate::proxy::RequestTags;
 use crate::proxy::{self, ForwardContext, GatewayError, SESSION_HEADER};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
-use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
-use crate::telemetry::RequestTags;
+use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
+use crate::telemetry::End;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -94,10 +95,13 @@ impl<'a> Inbound<'a> {
         let trace = TraceContext::from_headers(headers, sample);
         // Shared with the response observer once a worker answers; until the first
         // attempt nothing else holds it, so the later phases can still fill it in.
-        let tags = self
-            .gw
-            .hub
-            .tags(config.clone(), self.request_id.clone(), tenant, trace);
+        let tags = RequestTags::new(
+            &self.gw.sinks,
+            config.clone(),
+            self.request_id.clone(),
+            tenant,
+            trace,
+        );
         Ok((Arc::new(tags), residency))
     }
 
@@ -220,15 +224,15 @@ impl<'a> Inbound<'a> {
             ("switchyard.tenant", (*tags.tenant.name).into()),
             ("gen_ai.request.model", model.into()),
         ];
-        tags.child_span(
-            "switchyard.admission",
-            SpanKind::Internal,
-            new_span_id(),
-            self.start,
-            Instant::now(),
+        tags.child_span(ChildSpan {
+            name: "switchyard.admission",
+            kind: SpanKind::Internal,
+            span_id: new_span_id(),
+            start: self.start,
+            end: Instant::now(),
             attrs,
-            false,
-        );
+            error: false,
+        });
     }
 
     /// Phase: finish a request that got no worker's answer: counted once, and
@@ -242,14 +246,15 @@ impl<'a> Inbound<'a> {
         // Only configured model names become labels; anything else is "none".
         let known = known.map(|r| &*r.model);
         telemetry::record_gateway_error(known, e.reason(), e.status().as_u16());
-        self.gw.hub.finish_error(
-            tags,
-            known,
+        tags.finish(
             self.endpoint.as_str(),
             e.status().as_u16(),
-            e.class(),
-            e.reason(),
-            self.start.elapsed(),
+            End::Refused {
+                model: known,
+                class: e.class(),
+                reason: e.reason(),
+                elapsed: self.start.elapsed(),
+            },
         );
         e.to_response_for(self.endpoint.is_anthropic())
     }
@@ -440,7 +445,9 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    let text = telemetry::render(&gw.metrics, &gw.registry.snapshot(), Some(&gw.hub));
+    crate::pool::gauges::refresh(&gw.registry.snapshot());
+    gw.fleet.refresh_gauges();
+    let text = telemetry::render(&gw.metrics, Some(&gw.sinks));
     (
         [(
             header::CONTENT_TYPE,

@@ -37,8 +37,10 @@ pub struct Gateway {
     pub registry: Arc<Registry>,
     pub client: UpstreamClient,
     pub metrics: PrometheusHandle,
-    /// Cost, dashboard aggregates, fleet view, access log, traces.
-    pub hub: Arc<telemetry::Hub>,
+    /// Where finished requests go: metrics, cost, dashboard series, access log, traces.
+    pub sinks: Arc<telemetry::Sinks>,
+    /// The once-a-second fleet view and scaling recommendation.
+    pub fleet: Arc<pool::fleet::Fleet>,
     /// API key → tenant; rebuilt on reload.
     pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
     shutting_down: AtomicBool,
@@ -60,11 +62,12 @@ impl Gateway {
             .filter_map(|p| p.upstream_ca_file.clone())
             .collect();
         let client = UpstreamClient::new(config.server.timeouts.connect, &ca_files)?;
-        let hub = telemetry::Hub::new(&config);
+        let sinks = telemetry::Sinks::new(&config);
+        let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
         let registry = Registry::new(config);
-        telemetry::hub::spawn_ticker(hub.clone(), registry.clone());
+        pool::fleet::spawn_ticker(sinks.clone(), fleet.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_stats_poller(registry.clone(), client.clone());
         pool::spawn_health_checks(registry.clone(), client.clone());
@@ -74,7 +77,8 @@ impl Gateway {
             registry,
             client,
             metrics,
-            hub,
+            sinks,
+            fleet,
             tenancy,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),

@@ -11,6 +11,15 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 use thread_local::ThreadLocal;
 
+/// Label value for "not applicable" (no worker, no pool).
+pub const NONE_LABEL: &str = "none";
+/// Region of a worker without a `region` label.
+pub const UNKNOWN_REGION: &str = "unknown";
+/// Worker label naming the region.
+pub const REGION_LABEL_KEY: &str = crate::config::global::REGION_LABEL;
+/// Worker label naming the price tier.
+pub const TIER_LABEL_KEY: &str = "tier";
+
 type LocalMap = hashbrown::HashMap<Box<str>, SharedString, RandomState>;
 
 pub struct BoundedLabels {

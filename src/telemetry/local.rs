@@ -10,7 +10,7 @@
 //! the Prometheus render reads them:
 //!
 //! - a counter's per-thread total is added to its `metrics` counter by [`flush`],
-//!   which [`super::render`] calls first and the hub's ticker once a second (so the
+//!   which [`super::render`] calls first and the fleet ticker once a second (so the
 //!   exporter still owns counters); a total whose cache went with a replaced
 //!   routing snapshot is flushed a last time and dropped;
 //! - a histogram is rendered here ([`render_into`]), summing the threads' buckets.
