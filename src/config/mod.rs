@@ -559,6 +559,8 @@ pub struct PoolConfig {
     pub dns: Option<DnsConfig>,
     pub disaggregation: Option<DisaggConfig>,
     pub upstream_model: Option<String>,
+    /// How `/v1/messages` reaches this pool's workers.
+    pub anthropic: AnthropicMode,
     pub upstream_ca_file: Option<String>,
     /// Pool names, in order.
     pub fallback: Vec<String>,
@@ -1112,6 +1114,7 @@ fn validate_pool(
         dns,
         disaggregation,
         upstream_model: rp.upstream_model,
+        anthropic: anthropic_mode(key, rp.anthropic.as_deref(), p),
         upstream_ca_file: rp.upstream_ca_file,
         fallback: rp.fallback,
         lora_adapters: rp.lora_adapters,
@@ -1184,6 +1187,32 @@ fn validate_dns(d: RawDns, key: &Key, disaggregated: bool, p: &mut Problems) -> 
             DEFAULT_DNS_INTERVAL_MS,
         ),
         labels: d.labels,
+    }
+}
+
+/// How a pool serves Anthropic Messages (`/v1/messages`) requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AnthropicMode {
+    /// Forward unchanged to the engine's own `/v1/messages` (vLLM serves it).
+    #[default]
+    Passthrough,
+    /// Convert to `/v1/chat/completions` and the answer back, for engines
+    /// without the Messages API.
+    Translate,
+}
+
+/// `pools[i].anthropic`.
+fn anthropic_mode(key: &Key, mode: Option<&str>, p: &mut Problems) -> AnthropicMode {
+    match mode {
+        None | Some("passthrough") => AnthropicMode::Passthrough,
+        Some("translate") => AnthropicMode::Translate,
+        Some(other) => {
+            p.push(format!(
+                "{}: unknown mode `{other}` (expected one of: passthrough, translate)",
+                key.field("anthropic")
+            ));
+            AnthropicMode::Passthrough
+        }
     }
 }
 
@@ -1871,6 +1900,7 @@ mod tests {
             [[pools]]
             models = ["n"]
             fallback = ["nope"]
+            anthropic = "convert"
             workers = [{ url = "http://h:2", labels = { role = "anything" } }]
             "#,
         )
@@ -1881,6 +1911,7 @@ mod tests {
             "pools[0].disaggregation.mode: unknown mode `nixl` (expected one of: vllm, sglang)",
             "pools[0].aliases[0]: model name `m` is served by more than one pool",
             "pools[1].fallback: no pool named `nope` (pools: pool-0, pool-1)",
+            "pools[1].anthropic: unknown mode `convert` (expected one of: passthrough, translate)",
         ] {
             assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
         }

@@ -83,6 +83,12 @@ impl ForwardContext<'_> {
         .with_residency(self.residency)
     }
 
+    /// Does this request go upstream as a chat completion (a Messages request
+    /// on a pool that translates)?
+    pub(crate) fn translates(&self) -> bool {
+        super::anthropic::translates(&self.route.pool.config, self.endpoint)
+    }
+
     /// The request's residency allows `worker`'s region.
     #[inline]
     pub(crate) fn allows(&self, worker: &Worker) -> bool {
@@ -156,14 +162,16 @@ pub struct ForwardContext<'a> {
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
 /// retryable failures (within the pool's retry budget), queueing when every
 /// eligible worker is at its concurrency limit, and return the observed response.
-/// Disaggregated pools go through `disagg::forward`, which may come back here.
+/// Disaggregated pools go through `disagg::forward`, which may come back here;
+/// so do Messages requests a pool translates (they travel as chat completions).
 pub async fn forward(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
     let result = match &ctx.route.pool.config.disaggregation {
         Some(d)
-            if matches!(
-                ctx.endpoint,
-                Endpoint::ChatCompletions | Endpoint::Completions
-            ) =>
+            if ctx.translates()
+                || matches!(
+                    ctx.endpoint,
+                    Endpoint::ChatCompletions | Endpoint::Completions
+                ) =>
         {
             // Boxed: its state would otherwise be part of every request's future.
             Box::pin(super::disagg::forward(ctx, d)).await
@@ -371,13 +379,13 @@ fn prepare(
     attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let plain = worker.is_plain_http();
-    let pq = ctx
-        .parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let uri = if plain && worker.path_prefix.is_empty() {
+    let translated = ctx.translates();
+    let pq = match ctx.parts.uri.path_and_query() {
+        _ if translated => super::anthropic::CHAT_PATH,
+        Some(p) => p.as_str(),
+        None => "/",
+    };
+    let uri = if plain && worker.path_prefix.is_empty() && !translated {
         // Origin form for `request_origin`; the path is the client's, shared.
         Ok(origin_form(&ctx.parts.uri))
     } else if plain {
@@ -483,7 +491,17 @@ pub(crate) fn respond(
             guard,
             tags: ctx.tags.clone(),
             route,
+            // A translated stream's errors are reshaped with the rest of it.
+            anthropic_errors: ctx.endpoint.is_anthropic() && !ctx.translates(),
         },
     );
+    if ctx.translates() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let status = parts.status.as_u16();
+        return Response::from_parts(
+            parts,
+            Body::new(super::anthropic::TranslatedBody::new(observed, sse, status)),
+        );
+    }
     Response::from_parts(parts, Body::new(observed))
 }

@@ -2,6 +2,7 @@
 //! the upstream request, forward, retry elsewhere while nothing has reached the
 //! client, then hand the response body to the observer.
 
+pub(crate) mod anthropic;
 mod attempts;
 pub mod context;
 pub(crate) mod disagg;
@@ -12,6 +13,7 @@ mod headers;
 pub mod observe;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
+pub use anthropic::pool_body;
 pub use context::RequestTags;
 pub use error::GatewayError;
 pub use fallback::forward_with_fallbacks;

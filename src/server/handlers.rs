@@ -44,7 +44,7 @@ where
     };
     let (mut tags, residency) = match inbound.admit() {
         Ok(admitted) => admitted,
-        Err(e) => return refuse(&e, &parts.headers),
+        Err(e) => return refuse_for(&e, &parts.headers, inbound.endpoint.is_anthropic()),
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
@@ -134,7 +134,7 @@ impl<'a> Inbound<'a> {
             client: &self.gw.client,
             route,
             parts: self.parts,
-            body: proxy::rewrite_model(&body, route.pool.config.upstream_model.as_deref())?,
+            body: proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
             info: &info,
             endpoint: self.endpoint,
             request_id: self.request_id,
@@ -170,6 +170,9 @@ impl<'a> Inbound<'a> {
             t.request_bytes = body.len() as u64;
         }
         let info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
+        if self.endpoint.is_anthropic() {
+            api::anthropic::check(self.endpoint, &info).map_err(GatewayError::InvalidRequest)?;
+        }
         if let Some(t) = unshared(tags) {
             t.stream = info.stream;
         }
@@ -253,7 +256,7 @@ impl<'a> Inbound<'a> {
                 elapsed: self.start.elapsed(),
             },
         );
-        e.to_response()
+        e.to_response_for(self.endpoint.is_anthropic())
     }
 }
 
@@ -303,8 +306,13 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
 /// Its body is left unread, so an HTTP/1 connection closes after the answer
 /// rather than reading the body as the next request.
 pub(super) fn refuse(e: &GatewayError, headers: &http::HeaderMap) -> Response {
+    refuse_for(e, headers, false)
+}
+
+/// [`refuse`], in Anthropic's error shape when `anthropic`.
+pub(super) fn refuse_for(e: &GatewayError, headers: &http::HeaderMap, anthropic: bool) -> Response {
     telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
-    let mut resp: Response = e.to_response();
+    let mut resp: Response = e.to_response_for(anthropic);
     resp.headers_mut()
         .insert(request_id::HEADER, request_id::get_or_make(headers));
     let has_body = headers.contains_key(header::TRANSFER_ENCODING)

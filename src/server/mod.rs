@@ -129,6 +129,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/completions", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/embeddings", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/responses", post(handlers::proxy::<axum::body::Body>))
+        .route("/v1/messages", post(handlers::proxy::<axum::body::Body>))
+        .route(
+            "/v1/messages/count_tokens",
+            post(handlers::proxy::<axum::body::Body>),
+        )
         .route("/v1/models", get(handlers::models))
         .route("/v1/models/{*id}", get(handlers::model))
         .route("/health", get(handlers::health))
@@ -162,7 +167,8 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         crate::runtime::busy_poll::touch();
         if let Err(e) = self.conn.admit(&req, self.limits) {
-            let resp = handlers::refuse(&e, req.headers());
+            let anthropic = crate::api::Endpoint::from_path(req.uri().path()).is_anthropic();
+            let resp = handlers::refuse_for(&e, req.headers(), anthropic);
             return Box::pin(std::future::ready(Ok(resp)));
         }
         if req.method() == http::Method::POST

@@ -23,6 +23,7 @@ mod cli;
 pub mod engine;
 pub mod faults;
 pub mod kv;
+mod messages;
 pub mod metrics;
 pub mod profiles;
 mod responses;

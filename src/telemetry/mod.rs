@@ -176,11 +176,13 @@ pub type TokensRef<'a> = (
 );
 
 /// Endpoint labels, in `api::Endpoint` order.
-pub const ENDPOINTS: [&str; 5] = [
+pub const ENDPOINTS: [&str; 7] = [
     "chat_completions",
     "completions",
     "embeddings",
     "responses",
+    "messages",
+    "count_tokens",
     "other",
 ];
 
