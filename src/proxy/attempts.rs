@@ -347,7 +347,7 @@ fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
 /// retried over the pool ejects or cools down healthy workers one after the
 /// other and shrinks the pool for everybody else. Refused connections are always
 /// charged. The charge comes a few attempts late at most.
-struct Blame<'a> {
+pub(super) struct Blame<'a> {
     route: &'a ModelRoute,
     cfg: &'a HealthConfig,
     /// This request's failed attempts (allocated only on failures).
@@ -356,7 +356,7 @@ struct Blame<'a> {
 }
 
 impl<'a> Blame<'a> {
-    fn new(route: &'a ModelRoute, cfg: &'a HealthConfig) -> Self {
+    pub(super) fn new(route: &'a ModelRoute, cfg: &'a HealthConfig) -> Self {
         Blame {
             route,
             cfg,
@@ -366,7 +366,7 @@ impl<'a> Blame<'a> {
     }
 
     /// Attempt on worker `idx` ended with `failure` (`None`: it succeeded).
-    fn record(&mut self, idx: usize, failure: Option<Failure>) {
+    pub(super) fn record(&mut self, idx: usize, failure: Option<Failure>) {
         match failure {
             Some(f) => self.failures.push((idx, f)),
             None => self.succeeded = true,

@@ -10,6 +10,7 @@ use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
 use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Worker};
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TRACEPARENT};
+use crate::telemetry::PairMetrics;
 use crate::upstream::{origin_form, UpstreamBody, UpstreamClient};
 use axum::body::Body;
 use bytes::Bytes;
@@ -187,24 +188,6 @@ pub async fn forward(ctx: &ForwardContext<'_>) -> Result<Response<Body>, Gateway
     result
 }
 
-/// Send `body` to `worker` with the client's (filtered) headers, bounded by the
-/// first-byte and total deadlines, charging a failure to the worker's health at
-/// once; a response of any status is `Ok` (the caller decides whether to retry it).
-/// `size` is what the request adds to the worker's load until its first token.
-pub(crate) async fn send(
-    ctx: &ForwardContext<'_>,
-    idx: usize,
-    body: Bytes,
-    size: RequestSize,
-    deadline: Instant,
-) -> Result<(Response<Incoming>, InFlightGuard), GatewayError> {
-    let (result, failure) = send_attempt(ctx, idx, body, size, deadline).await;
-    if let Some(f) = failure {
-        charge(ctx.route, ctx.health, idx, f);
-    }
-    result
-}
-
 /// A failed attempt as worker health sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Failure {
@@ -278,68 +261,97 @@ pub(crate) async fn send_attempt(
     ctx.tags.add_waited(sent.elapsed());
     let attempt = ctx.tags.add_attempt();
     if ctx.tags.tracing() {
-        let (label, error) = match &result {
-            Ok(Ok(r)) => (
-                attempt_result(r.status().as_u16()),
-                r.status().is_server_error(),
-            ),
-            Ok(Err(e)) if e.is_connect() => ("upstream_connect", true),
-            Ok(Err(_)) => ("upstream_failed", true),
-            Err(_) => ("upstream_timeout", true),
-        };
-        ctx.tags.child_span(ChildSpan {
-            name: "switchyard.upstream_attempt",
-            kind: SpanKind::Client,
-            span_id: attempt_span,
-            start: sent,
-            end: crate::runtime::clock::now(),
-            attrs: vec![
-                ("switchyard.worker", worker.id.as_ref().into()),
-                ("switchyard.attempt", attempt.into()),
-                ("switchyard.result", label.into()),
-            ],
-            error,
-        });
+        attempt_span_end(ctx, worker, attempt, attempt_span, sent, &result);
     }
-    let (err, failure) = match result {
-        Err(_) => (
-            GatewayError::UpstreamTimeout {
-                worker: worker.id.clone(),
-                after: wait,
-            },
-            Failure::Timeout,
-        ),
-        Ok(Err(e)) if e.is_connect() => (
-            GatewayError::UpstreamConnect {
-                worker: worker.id.clone(),
-                detail: error_chain(&e),
-            },
-            Failure::Connect,
-        ),
-        Ok(Err(e)) => (
-            GatewayError::UpstreamFailed {
-                worker: worker.id.clone(),
-                detail: error_chain(&e),
-            },
-            Failure::Broken,
-        ),
+    match result {
         Ok(Ok(resp)) => {
             let status = resp.status();
             metrics.record_attempt(attempt_result(status.as_u16()));
-            let failure = if status.as_u16() == 429 {
-                Some(Failure::Overloaded)
-            } else if status.is_server_error() {
-                Some(Failure::Status(status.as_u16()))
-            } else {
-                health::on_success(&worker.state);
-                None
-            };
-            return (Ok((resp, guard)), failure);
+            (Ok((resp, guard)), answered_failure(worker, status))
         }
-    };
+        Ok(Err(e)) => failed(metrics, upstream_error(worker, e)),
+        Err(_) => {
+            let after = wait;
+            let e = GatewayError::UpstreamTimeout {
+                worker: worker.id.clone(),
+                after,
+            };
+            failed(metrics, (e, Failure::Timeout))
+        }
+    }
+}
+
+/// What an answer means for the worker: 429 and 5xx are failures (retryable
+/// elsewhere); anything else is a success for its health.
+fn answered_failure(worker: &Worker, status: http::StatusCode) -> Option<Failure> {
+    if status.as_u16() == 429 {
+        Some(Failure::Overloaded)
+    } else if status.is_server_error() {
+        Some(Failure::Status(status.as_u16()))
+    } else {
+        health::on_success(&worker.state);
+        None
+    }
+}
+
+/// A transport error as the client's error and the worker's failure.
+fn upstream_error(worker: &Worker, e: super::UpstreamError) -> (GatewayError, Failure) {
+    let worker = worker.id.clone();
+    let detail = error_chain(&e);
+    if e.is_connect() {
+        (
+            GatewayError::UpstreamConnect { worker, detail },
+            Failure::Connect,
+        )
+    } else {
+        (
+            GatewayError::UpstreamFailed { worker, detail },
+            Failure::Broken,
+        )
+    }
+}
+
+fn failed(metrics: &PairMetrics, (err, failure): (GatewayError, Failure)) -> Sent {
     metrics.record_attempt(err.reason());
-    tracing::warn!(worker = %worker.id, error = %err, "upstream attempt failed");
+    tracing::warn!(worker = %metrics.worker, error = %err, "upstream attempt failed");
     (Err(err), Some(failure))
+}
+
+/// An upstream attempt's head, within its first-byte deadline.
+type Attempted =
+    Result<Result<Response<Incoming>, super::UpstreamError>, tokio::time::error::Elapsed>;
+
+/// The span of one upstream attempt, from send to its head (or failure).
+fn attempt_span_end(
+    ctx: &ForwardContext<'_>,
+    worker: &Worker,
+    attempt: u32,
+    span_id: u64,
+    sent: Instant,
+    result: &Attempted,
+) {
+    let (label, error) = match result {
+        Ok(Ok(r)) => (
+            attempt_result(r.status().as_u16()),
+            r.status().is_server_error(),
+        ),
+        Ok(Err(e)) if e.is_connect() => ("upstream_connect", true),
+        Ok(Err(_)) => ("upstream_failed", true),
+        Err(_) => ("upstream_timeout", true),
+    };
+    ctx.tags.child_span(ChildSpan {
+        name: "switchyard.upstream_attempt",
+        kind: SpanKind::Client,
+        span_id,
+        start: sent,
+        end: crate::runtime::clock::now(),
+        attrs: vec![
+            ("switchyard.worker", worker.id.as_ref().into()),
+            ("switchyard.attempt", attempt.into()),
+            ("switchyard.result", label.into()),
+        ],
+        error,
+    });
 }
 
 /// A worker's answer that means "try another worker" (before anything reached the

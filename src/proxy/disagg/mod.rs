@@ -13,11 +13,11 @@
 //! a fresh pair before anything reaches the client. TTFT includes both legs because
 //! it is measured from the request's arrival.
 
-use super::attempts::{backoff, forward_aggregated};
-use super::forward::{respond, retryable_status, send, ForwardContext, RouteNote};
+use super::attempts::{backoff, forward_aggregated, Blame};
+use super::forward::{respond, retryable_status, send_attempt, Failure, ForwardContext, RouteNote};
 use super::GatewayError;
 use crate::config::{DisaggConfig, DisaggMode};
-use crate::pool::{RequestSize, Role, Worker};
+use crate::pool::{InFlightGuard, RequestSize, Role, Worker};
 use crate::routing::{rendezvous, Reason};
 use crate::telemetry::names;
 use axum::body::Body;
@@ -37,41 +37,8 @@ pub async fn forward(
     ctx: &ForwardContext<'_>,
     cfg: &DisaggConfig,
 ) -> Result<Response<Body>, GatewayError> {
-    let workers = &ctx.route.workers;
-    let prompt_tokens = ctx
-        .info
-        .routing_text
-        .as_ref()
-        .map_or(0, |t| t.len() as u64 / BYTES_PER_TOKEN);
-    // What the best prefill worker is predicted to have cached (prefix index; 0
-    // for policies without one). A dry-run pick: nothing is recorded.
-    let predicted = {
-        let req = ctx.route_request();
-        let accept = |i: usize| {
-            workers[i].role == Role::Prefill && workers[i].is_available() && ctx.allows(&workers[i])
-        };
-        ctx.route
-            .policy
-            .pick(&req, workers, &accept)
-            .and_then(|d| ctx.route.policy.predicted_cached_tokens(&d, &req))
-            .unwrap_or(0)
-    };
-    let uncached = prompt_tokens.saturating_sub(predicted);
-    let any = |f: &dyn Fn(&Worker) -> bool| {
-        workers
-            .iter()
-            .any(|w| w.is_available() && ctx.allows(w) && f(w))
-    };
-    let skip = if uncached < cfg.min_uncached_tokens {
-        Some("few_uncached_tokens")
-    } else if !any(&|w| w.role == Role::Prefill) {
-        Some("no_prefill_worker")
-    } else if !any(&|w| w.role != Role::Prefill) {
-        Some("no_decode_worker")
-    } else {
-        None
-    };
     let pool = SharedString::from(ctx.route.pool.name.clone());
+    let skip = skip_reason(ctx, cfg);
     let mode = match cfg.mode {
         DisaggMode::Vllm => "vllm",
         DisaggMode::Sglang => "sglang",
@@ -85,55 +52,104 @@ pub async fn forward(
     let body: Map<String, Value> = serde_json::from_slice(&ctx.body)
         .map_err(|e| GatewayError::MalformedJson(e.to_string()))?;
     ctx.route.pool.retry_budget.on_request();
-    let mut tried_prefill: Vec<usize> = Vec::new();
-    let mut tried_decode: Vec<usize> = Vec::new();
+    // Failed legs are charged to their workers when the request is done, as in
+    // the aggregated path: a failure the request itself causes on two workers
+    // is charged to neither.
+    let mut blame = Blame::new(ctx.route, ctx.health);
+    let (mut tried_prefill, mut tried_decode) = (Vec::new(), Vec::new());
     let mut last_err = None;
     for attempt in 0..ctx.route.pool.config.max_attempts {
-        // A retry, as in the aggregated path: within the deadline and the retry
-        // budget, counted, after a jittered backoff.
-        if attempt > 0 {
-            if crate::runtime::clock::now() >= ctx.deadline() {
-                break;
-            }
-            if !ctx.route.pool.retry_budget.try_retry() {
-                counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool.clone())
-                    .increment(1);
-                break;
-            }
-            counter!(names::RETRIES_TOTAL, names::L_POOL => pool.clone()).increment(1);
-            let b = crate::runtime::clock::now();
-            Box::pin(backoff(ctx.route.pool.config.retry_backoff, attempt)).await;
-            ctx.tags.add_waited(b.elapsed());
-        }
-        let Some(p) = pick_prefill(ctx, &tried_prefill) else {
+        if attempt > 0 && !retry_allowed(ctx, &pool, attempt).await {
             break;
-        };
-        let Some(d) = pick_decode(ctx, &tried_decode) else {
+        }
+        let (Some(p), Some(d)) = (
+            pick_prefill(ctx, &tried_prefill),
+            pick_decode(ctx, &tried_decode),
+        ) else {
             break;
         };
         let result = match cfg.mode {
             DisaggMode::Vllm => vllm(ctx, cfg, &body, p, d).await,
             DisaggMode::Sglang => sglang(ctx, cfg, &body, p, d).await,
         };
-        match result {
-            Ok(resp) => return Ok(resp),
-            Err(LegError { leg, err }) => {
-                counter!(names::DISAGG_LEG_FAILURES_TOTAL, names::L_POOL => pool.clone(),
-                    names::L_LEG => leg.as_str())
-                .increment(1);
-                tracing::warn!(leg = leg.as_str(), error = %err, "disaggregated leg failed");
-                match leg {
-                    Leg::Prefill => tried_prefill.push(p),
-                    Leg::Decode => tried_decode.push(d),
-                }
-                if !err.retryable() {
-                    return Err(err);
-                }
-                last_err = Some(err);
+        let LegError { leg, err, failure } = match result {
+            Ok(resp) => {
+                blame.record(d, None);
+                return Ok(resp);
             }
+            Err(e) => e,
+        };
+        counter!(names::DISAGG_LEG_FAILURES_TOTAL, names::L_POOL => pool.clone(),
+            names::L_LEG => leg.as_str())
+        .increment(1);
+        tracing::warn!(leg = leg.as_str(), error = %err, "disaggregated leg failed");
+        match leg {
+            Leg::Prefill => tried_prefill.push(p),
+            Leg::Decode => tried_decode.push(d),
         }
+        if let Some(f) = failure {
+            blame.record(if matches!(leg, Leg::Prefill) { p } else { d }, Some(f));
+        }
+        if !err.retryable() {
+            return Err(err);
+        }
+        last_err = Some(err);
     }
     Err(last_err.unwrap_or_else(|| ctx.no_worker()))
+}
+
+/// Why the request stays on the aggregated path, if it does: few uncached
+/// prompt tokens (as far as the best prefill worker's cache is predicted), or
+/// no prefill or no decode worker available.
+fn skip_reason(ctx: &ForwardContext<'_>, cfg: &DisaggConfig) -> Option<&'static str> {
+    let workers = &ctx.route.workers;
+    let prompt_tokens = ctx
+        .info
+        .routing_text
+        .as_ref()
+        .map_or(0, |t| t.len() as u64 / BYTES_PER_TOKEN);
+    // A dry-run pick: nothing is recorded.
+    let req = ctx.route_request();
+    let accept = |i: usize| {
+        workers[i].role == Role::Prefill && workers[i].is_available() && ctx.allows(&workers[i])
+    };
+    let predicted = ctx
+        .route
+        .policy
+        .pick(&req, workers, &accept)
+        .and_then(|d| ctx.route.policy.predicted_cached_tokens(&d, &req))
+        .unwrap_or(0);
+    let any = |f: &dyn Fn(&Worker) -> bool| {
+        workers
+            .iter()
+            .any(|w| w.is_available() && ctx.allows(w) && f(w))
+    };
+    if prompt_tokens.saturating_sub(predicted) < cfg.min_uncached_tokens {
+        Some("few_uncached_tokens")
+    } else if !any(&|w| w.role == Role::Prefill) {
+        Some("no_prefill_worker")
+    } else if !any(&|w| w.role != Role::Prefill) {
+        Some("no_decode_worker")
+    } else {
+        None
+    }
+}
+
+/// A retry, as in the aggregated path: within the deadline and the retry
+/// budget, counted, after a jittered backoff.
+async fn retry_allowed(ctx: &ForwardContext<'_>, pool: &SharedString, attempt: u32) -> bool {
+    if crate::runtime::clock::now() >= ctx.deadline() {
+        return false;
+    }
+    if !ctx.route.pool.retry_budget.try_retry() {
+        counter!(names::RETRY_BUDGET_EXHAUSTED_TOTAL, names::L_POOL => pool.clone()).increment(1);
+        return false;
+    }
+    counter!(names::RETRIES_TOTAL, names::L_POOL => pool.clone()).increment(1);
+    let b = crate::runtime::clock::now();
+    Box::pin(backoff(ctx.route.pool.config.retry_backoff, attempt)).await;
+    ctx.tags.add_waited(b.elapsed());
+    true
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -154,10 +170,36 @@ impl Leg {
 struct LegError {
     leg: Leg,
     err: GatewayError,
+    /// What the leg's worker is to be charged with, settled by [`Blame`].
+    failure: Option<Failure>,
 }
 
-fn leg(leg: Leg) -> impl FnOnce(GatewayError) -> LegError {
-    move |err| LegError { leg, err }
+/// Send one leg; a transport failure or a retryable answer (429, 5xx) is the
+/// leg's error, with what its worker is to be charged with.
+async fn send_leg(
+    ctx: &ForwardContext<'_>,
+    which: Leg,
+    idx: usize,
+    body: Bytes,
+    size: RequestSize,
+) -> Result<(Response<hyper::body::Incoming>, InFlightGuard), LegError> {
+    let (result, failure) = send_attempt(ctx, idx, body, size, ctx.deadline()).await;
+    let (resp, guard) = result.map_err(|err| LegError {
+        leg: which,
+        err,
+        failure,
+    })?;
+    if !retryable_status(resp.status()) {
+        return Ok((resp, guard));
+    }
+    Err(LegError {
+        leg: which,
+        err: GatewayError::UpstreamFailed {
+            worker: ctx.route.workers[idx].id.clone(),
+            detail: format!("{} answered {}", which.as_str(), resp.status()),
+        },
+        failure,
+    })
 }
 
 /// Prefill by the pool's policy (prefix affinity when configured) over prefill workers.
@@ -244,20 +286,8 @@ async fn vllm(
         pre.insert("max_completion_tokens".into(), json!(1));
     }
     let t0 = crate::runtime::clock::now();
-    let (resp, guard) = send(ctx, p, to_bytes(&pre), ctx.size(0), deadline)
-        .await
-        .map_err(leg(Leg::Prefill))?;
-    let status = resp.status();
-    if !status.is_success() {
-        if retryable_status(status) {
-            return Err(LegError {
-                leg: Leg::Prefill,
-                err: GatewayError::UpstreamFailed {
-                    worker: ws[p].id.clone(),
-                    detail: format!("prefill answered {status}"),
-                },
-            });
-        }
+    let (resp, guard) = send_leg(ctx, Leg::Prefill, p, to_bytes(&pre), ctx.size(0)).await?;
+    if !resp.status().is_success() {
         // The client's mistake (e.g. 400): show it the prefill worker's answer.
         let note = RouteNote {
             index: p,
@@ -278,6 +308,7 @@ async fn vllm(
             worker: ws[p].id.clone(),
             detail,
         },
+        failure: Some(Failure::Broken),
     };
     let bytes = match read {
         Ok(Ok(c)) => c.to_bytes(),
@@ -315,18 +346,7 @@ async fn decode_leg(
         prefill_tokens: 0,
         ..ctx.size(0)
     };
-    let (resp, guard) = send(ctx, d, body, size, deadline)
-        .await
-        .map_err(leg(Leg::Decode))?;
-    if retryable_status(resp.status()) {
-        return Err(LegError {
-            leg: Leg::Decode,
-            err: GatewayError::UpstreamFailed {
-                worker: ws[d].id.clone(),
-                detail: format!("decode answered {}", resp.status()),
-            },
-        });
-    }
+    let (resp, guard) = send_leg(ctx, Leg::Decode, d, body, size).await?;
     leg_seconds(&ctx.route.pool.name, "decode_first_byte", t1);
     let note = RouteNote {
         index: d,
@@ -346,7 +366,6 @@ async fn sglang(
     d: usize,
 ) -> Result<Response<Body>, LegError> {
     let ws = &ctx.route.workers;
-    let deadline = ctx.deadline();
     let prefill = &ws[p];
     let port = prefill
         .labels
@@ -360,19 +379,10 @@ async fn sglang(
     let bytes = to_bytes(&b);
     let t0 = crate::runtime::clock::now();
     let (pre, dec) = tokio::join!(
-        send(ctx, p, bytes.clone(), ctx.size(0), deadline),
+        send_leg(ctx, Leg::Prefill, p, bytes.clone(), ctx.size(0)),
         decode_leg(ctx, bytes, p, d)
     );
-    let (pre_resp, pre_guard) = pre.map_err(leg(Leg::Prefill))?;
-    if retryable_status(pre_resp.status()) {
-        return Err(LegError {
-            leg: Leg::Prefill,
-            err: GatewayError::UpstreamFailed {
-                worker: prefill.id.clone(),
-                detail: format!("prefill answered {}", pre_resp.status()),
-            },
-        });
-    }
+    let (pre_resp, pre_guard) = pre?;
     leg_seconds(&ctx.route.pool.name, "prefill", t0);
     // The prefill worker's own answer is not for the client: drain it aside.
     tokio::spawn(async move {
