@@ -40,6 +40,9 @@ enum Command {
     Sim(Box<switchyard::sim::SimArgs>),
     /// Simulated workers and a gateway in one process, ready to try.
     Demo(switchyard::demo::DemoArgs),
+    /// Print the prompt token ids the gateway computes for a request body read
+    /// from stdin (a model directory's tokenizer and chat template).
+    Tokenize(cli::TokenizeArgs),
 }
 
 fn init_logging(format: &str) {
@@ -141,9 +144,31 @@ fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAdd
     });
 }
 
+/// `switchyard tokenize`: synchronous, no runtime.
+fn run_tokenize(args: &cli::TokenizeArgs) -> ExitCode {
+    let mut body = Vec::new();
+    if let Err(e) = std::io::Read::read_to_end(&mut std::io::stdin(), &mut body) {
+        eprintln!("error: reading stdin: {e}");
+        return ExitCode::FAILURE;
+    }
+    match cli::tokenize(args, &body) {
+        Ok(out) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_format);
+    if let Command::Tokenize(args) = &cli.cmd {
+        return run_tokenize(args);
+    }
     if !matches!(cli.cmd, Command::CheckConfig { .. }) {
         raise_open_file_limit();
     }
@@ -159,6 +184,7 @@ fn main() -> ExitCode {
             Command::Serve(a) => run_serve(a).await,
             Command::Sim(a) => switchyard::sim::run(*a).await,
             Command::Demo(a) => switchyard::demo::run(a, shutdown_signal()).await,
+            Command::Tokenize(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file, no_secrets } => {
                 let secrets = if no_secrets {
                     switchyard::config::Secrets::Optional
