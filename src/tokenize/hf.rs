@@ -243,3 +243,173 @@ fn segment_cache(tok: &Tokenizer, budget: usize) -> SegmentCache {
     }
     SegmentCache::new(splits, budget)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tiny-tokenizer");
+
+    fn tiny(cache_tokens: usize) -> HfTokenizer {
+        HfTokenizer::from_dir_with_cache(TINY, None, cache_tokens).unwrap()
+    }
+
+    fn chat(messages: serde_json::Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"model": "m", "messages": messages})).unwrap()
+    }
+
+    fn id(t: &HfTokenizer, s: &str) -> u32 {
+        t.tok.token_to_id(s).unwrap()
+    }
+
+    #[test]
+    fn chat_is_the_rendered_template_encoded_without_added_specials() {
+        let t = tiny(DEFAULT_CACHE_TOKENS);
+        let body = chat(serde_json::json!([{"role": "user", "content": "Hello world"}]));
+        let ids = t.prompt_tokens(Endpoint::ChatCompletions, &body).unwrap();
+        let text = t.render(Endpoint::ChatCompletions, &body).unwrap();
+        assert_eq!(text, "<s><|user|>\nHello world<|end|>\n<|assistant|>\n");
+        assert_eq!(&ids[..], &t.encode(&text, false).unwrap()[..]);
+        assert_eq!(ids[0], id(&t, "<s>"), "BOS once, from the template");
+        assert_eq!(ids.iter().filter(|&&i| i == id(&t, "<s>")).count(), 1);
+        assert_eq!(
+            t.count(Endpoint::ChatCompletions, &body).unwrap(),
+            ids.len()
+        );
+    }
+
+    #[test]
+    fn a_shared_prefix_is_served_from_the_cache() {
+        let t = tiny(DEFAULT_CACHE_TOKENS);
+        let system = "You are a helpful assistant. ".repeat(40);
+        let a = chat(
+            serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": "first question"}]),
+        );
+        let b = chat(
+            serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": "second question"}]),
+        );
+        t.prompt_tokens(Endpoint::ChatCompletions, &a).unwrap();
+        let before = t.cache_stats();
+        let ids = t.prompt_tokens(Endpoint::ChatCompletions, &b).unwrap();
+        let after = t.cache_stats();
+        assert_eq!(after.hits, before.hits + 1, "{before:?} -> {after:?}");
+        let full = t
+            .encode(&t.render(Endpoint::ChatCompletions, &b).unwrap(), false)
+            .unwrap();
+        assert_eq!(&ids[..], &full[..]);
+    }
+
+    #[test]
+    fn completions_encode_text_and_pass_token_ids_through() {
+        let t = tiny(DEFAULT_CACHE_TOKENS);
+        let ids = t
+            .prompt_tokens(Endpoint::Completions, br#"{"model":"m","prompt":[7,8,9]}"#)
+            .unwrap();
+        assert_eq!(&ids[..], &[7, 8, 9]);
+        let ids = t
+            .prompt_tokens(
+                Endpoint::Completions,
+                br#"{"model":"m","prompt":["def f(x):"]}"#,
+            )
+            .unwrap();
+        assert_eq!(&ids[..], &t.encode("def f(x):", true).unwrap()[..]);
+    }
+
+    #[test]
+    fn bad_and_unsupported_requests_are_errors_not_panics() {
+        let t = tiny(DEFAULT_CACHE_TOKENS);
+        let cases: &[(Endpoint, &[u8], bool)] = &[
+            (Endpoint::ChatCompletions, b"not json", false),
+            (Endpoint::ChatCompletions, br#"{"messages": "hi"}"#, false),
+            (Endpoint::ChatCompletions, br#"{"messages": [{"content": "no role"}]}"#, false),
+            (Endpoint::ChatCompletions, br#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#, true),
+            (Endpoint::ChatCompletions, br#"{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}]}"#, false),
+            (Endpoint::Completions, br#"{"prompt": 5}"#, false),
+            (Endpoint::Completions, br#"{"prompt": ["a", "b"]}"#, true),
+            (Endpoint::Embeddings, br#"{"input": "x"}"#, true),
+            (Endpoint::Responses, br#"{"input": [{"type": "function_call_output", "output": "x"}]}"#, true),
+        ];
+        for (ep, body, unsupported) in cases {
+            match t.prompt_tokens(*ep, body) {
+                Err(TokenizeError::Unsupported(_)) if *unsupported => {}
+                Err(TokenizeError::Invalid(_)) if !*unsupported => {}
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
+    }
+
+    #[test]
+    fn a_model_without_chat_template_tokenizes_completions_only() {
+        let dir = std::env::temp_dir().join(format!("sy-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(format!("{TINY}/tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+        let t = HfTokenizer::from_dir(&dir, None).unwrap();
+        let body = chat(serde_json::json!([{"role": "user", "content": "x"}]));
+        assert!(matches!(
+            t.prompt_tokens(Endpoint::ChatCompletions, &body),
+            Err(TokenizeError::Unsupported(_))
+        ));
+        assert!(t
+            .prompt_tokens(Endpoint::Completions, br#"{"prompt":"x"}"#)
+            .is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            HfTokenizer::from_dir(&dir, None).is_err(),
+            "a missing directory is an error"
+        );
+    }
+
+    #[test]
+    fn tokenizers_that_strip_around_specials_are_not_cut() {
+        let mut t = tiny(DEFAULT_CACHE_TOKENS);
+        t.tok
+            .add_special_tokens(&[tokenizers::AddedToken::from("<x>", true).rstrip(true)]);
+        let cache = segment_cache(&t.tok, 1 << 16);
+        let text = format!("{}<x>   spaced<|end|>{}", "a".repeat(80), "b".repeat(80));
+        let whole = t.encode(&text, false).unwrap();
+        assert_eq!(cache.encode(&text, |s| t.encode(s, false)).unwrap(), whole);
+        assert_eq!(
+            cache.stats().misses,
+            0,
+            "the disabled cache encodes whole texts"
+        );
+    }
+
+    fn fragment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("<s>".to_owned()),
+            Just("<|user|>".to_owned()),
+            Just("<|end|>".to_owned()),
+            Just("<|assistant|>".to_owned()),
+            Just("<|end".to_owned()),
+            Just("\n".to_owned()),
+            Just("  ".to_owned()),
+            "[a-z ]{1,90}",
+            "[ -~]{1,40}",
+            "\\PC{1,12}",
+            Just("def f(x):\n    return x  # é ünïcødé 🙂\n".repeat(3)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(96))]
+        /// Cutting at special tokens never changes the tokens, cached or not,
+        /// with and without evictions.
+        #[test]
+        fn cached_encoding_equals_a_full_encoding(parts in proptest::collection::vec(fragment(), 1..24)) {
+            let text: String = parts.concat();
+            for t in [&*CACHED, &*SMALL] {
+                let whole = t.encode(&text, false).unwrap();
+                for _ in 0..2 {
+                    let cut = t.cache.encode(&text, |s| t.encode(s, false)).unwrap();
+                    prop_assert_eq!(&cut, &whole);
+                }
+            }
+        }
+    }
+
+    static CACHED: std::sync::LazyLock<HfTokenizer> =
+        std::sync::LazyLock::new(|| tiny(DEFAULT_CACHE_TOKENS));
+    static SMALL: std::sync::LazyLock<HfTokenizer> = std::sync::LazyLock::new(|| tiny(16 * 40));
+}

@@ -411,7 +411,7 @@ mod tests {
 
     fn render(src: &str, messages: serde_json::Value) -> String {
         let t = ChatTemplate::new(src, vec![("bos_token".into(), "<s>".into())]).unwrap();
-        t.render(Value::from_serialize(&messages), None, true, &[])
+        t.render(serde_json::from_value::<Value>(messages).unwrap(), None, true, &[])
             .unwrap()
     }
 
