@@ -17,6 +17,12 @@ cargo build --locked --bins
 echo "== cargo test"
 cargo test --locked
 
+echo "== tokenization cross-check"
+# The gateway's prompt tokens against Python tokenizers + jinja2 used the way vLLM
+# builds prompts (tests/tokenize/crosscheck.py, docs/tokenization.md). Seconds.
+.venv/bin/pip install -q --disable-pip-version-check -r tests/tokenize/requirements.txt
+.venv/bin/python tests/tokenize/crosscheck.py target/debug/switchyard
+
 echo "== SDK compatibility"
 scripts/sdk-tests.sh
 

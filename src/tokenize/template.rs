@@ -387,8 +387,7 @@ fn refers_to_any(expr: &str, names: &[String]) -> bool {
         .chars()
         .take_while(|c| c.is_alphanumeric() || *c == '_')
         .collect();
-    names.iter().any(|n| *n == head)
-        && (base.len() == head.len() || base[head.len()..].starts_with('['))
+    names.contains(&head) && (base.len() == head.len() || base[head.len()..].starts_with('['))
 }
 
 /// The statements inside `{% ... %}` tags, whitespace-control marks removed.
@@ -411,8 +410,13 @@ mod tests {
 
     fn render(src: &str, messages: serde_json::Value) -> String {
         let t = ChatTemplate::new(src, vec![("bos_token".into(), "<s>".into())]).unwrap();
-        t.render(serde_json::from_value::<Value>(messages).unwrap(), None, true, &[])
-            .unwrap()
+        t.render(
+            serde_json::from_value::<Value>(messages).unwrap(),
+            None,
+            true,
+            &[],
+        )
+        .unwrap()
     }
 
     #[test]
