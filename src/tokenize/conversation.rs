@@ -398,3 +398,59 @@ fn obj(pairs: IndexMap<String, Value>) -> Value {
             .collect::<IndexMap<Value, Value>>(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::template::ChatTemplate;
+    use super::*;
+
+    fn render(src: &str, body: &str) -> String {
+        let t = ChatTemplate::new(src, vec![]).unwrap();
+        let Prompt::Chat(c) = parse(
+            Endpoint::ChatCompletions,
+            body.as_bytes(),
+            t.content_format(),
+        )
+        .unwrap() else {
+            panic!("chat")
+        };
+        t.render(c.messages, c.tools, c.add_generation_prompt, &c.extra)
+            .unwrap()
+    }
+
+    #[test]
+    fn tool_calls_and_tools_reach_the_template_as_vllm_passes_them() {
+        let body = r#"{"tools":[{"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}}],
+            "messages":[{"role":"user","content":"q"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"b\": 1, \"a\": [true, null]}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"r","extra":"dropped"}]}"#;
+        let out = render(
+            "{{ messages[1].tool_calls[0].function.arguments | tojson }}|{{ tools | tojson }}|{{ messages[1].content | tojson }}|{{ messages[2] | tojson }}",
+            body,
+        );
+        assert_eq!(
+            out,
+            r#"{"b": 1, "a": [true, null]}|[{"type": "function", "function": {"name": "f", "description": null, "parameters": {"z": 1, "a": 2}}}]|""|{"role": "tool", "content": "r", "tool_call_id": "c1"}"#
+        );
+    }
+
+    #[test]
+    fn content_parts_are_joined_or_kept_by_template_format() {
+        let body = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#;
+        assert_eq!(render("{{ messages[0].content }}", body), "a\nb");
+        let parts = "{% for m in messages %}{% for p in m['content'] %}[{{ p.text }}]{% endfor %}{% endfor %}";
+        assert_eq!(render(parts, body), "[a][b]");
+    }
+
+    #[test]
+    fn request_template_kwargs_do_not_replace_the_fixed_variables() {
+        let body = r#"{"add_generation_prompt":false,"chat_template_kwargs":{"enable_thinking":true,"messages":[]},"messages":[{"role":"user","content":"x"}]}"#;
+        assert_eq!(
+            render(
+                "{{ enable_thinking }} {{ messages | length }} {{ add_generation_prompt }}",
+                body
+            ),
+            "True 1 False"
+        );
+    }
+}

@@ -7,7 +7,7 @@
 use super::TokenizeError;
 use minijinja::syntax::SyntaxConfig;
 use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{Environment, Error, ErrorKind, Value};
+use minijinja::{Environment, Error, ErrorKind, Output, State, Value};
 use std::fmt::Write as _;
 
 const NAME: &str = "chat";
@@ -50,6 +50,7 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
+        env.set_formatter(py_formatter);
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| TokenizeError::Invalid(format!("chat template: {e:#}")))?;
         Ok(ChatTemplate {
@@ -93,6 +94,83 @@ impl ChatTemplate {
         tmpl.render(ctx)
             .map_err(|e| TokenizeError::Invalid(format!("chat template: {}", root_message(&e))))
     }
+}
+
+/// Print values as jinja2 prints them (Python's `str`): `True`, `None`, `1e+20`,
+/// `['a', 1]`; strings and undefined as minijinja does.
+fn py_formatter(out: &mut Output, state: &mut State, value: &Value) -> Result<(), Error> {
+    match value.kind() {
+        ValueKind::Bool | ValueKind::None | ValueKind::Seq | ValueKind::Map => {
+            let mut s = String::new();
+            py_repr(value, &mut s)?;
+            out.write_str(&s).map_err(Error::from)
+        }
+        ValueKind::Number if !value.is_integer() => out
+            .write_str(&py_float(f64::try_from(value.clone())?))
+            .map_err(Error::from),
+        _ => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// Python's `repr` of a value (`str` for the top-level scalars).
+fn py_repr(v: &Value, out: &mut String) -> Result<(), Error> {
+    match v.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
+        ValueKind::Number => out.push_str(&py_float(f64::try_from(v.clone())?)),
+        ValueKind::String => py_str_repr(v.as_str().unwrap_or(""), out),
+        ValueKind::Seq | ValueKind::Iterable => {
+            out.push('[');
+            for (i, item) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr(&item, out)?;
+            }
+            out.push(']');
+        }
+        ValueKind::Map => {
+            out.push('{');
+            for (i, k) in v.try_iter()?.enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr(&k, out)?;
+                out.push_str(": ");
+                py_repr(&v.get_item(&k)?, out)?;
+            }
+            out.push('}');
+        }
+        _ => out.push_str(&v.to_string()),
+    }
+    Ok(())
+}
+
+fn py_str_repr(s: &str, out: &mut String) {
+    let q = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(q);
 }
 
 /// The template's own message for `raise_exception`, else minijinja's.
@@ -461,6 +539,19 @@ mod tests {
             matches!(err, TokenizeError::Invalid(ref m) if m.contains("roles must alternate")),
             "{err}"
         );
+    }
+
+    #[test]
+    fn values_print_as_python_prints_them() {
+        let src = "{{ t }} {{ n }} {{ f }} {{ l }} {{ d }} {{ s }}";
+        let t = ChatTemplate::new(src, vec![]).unwrap();
+        let ctx: Vec<(String, Value)> =
+            serde_json::from_str::<Vec<(String, Value)>>(
+                r#"[["t", true], ["n", null], ["f", 2.0], ["l", ["a'b", 1, false]], ["d", {"k": "v\n"}], ["s", "plain"]]"#,
+            )
+            .unwrap();
+        let out = t.render(Value::from(()), None, false, &ctx).unwrap();
+        assert_eq!(out, r#"True None 2.0 ["a'b", 1, False] {'k': 'v\n'} plain"#);
     }
 
     #[test]
