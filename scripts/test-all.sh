@@ -22,6 +22,11 @@ cargo test --locked
 # Helm's Go SDK into .venv; about 10 s once installed).
 echo "== packaging checks"
 scripts/check-packaging.sh target/debug/switchyard
+echo "== tokenization cross-check"
+# The gateway's prompt tokens against Python tokenizers + jinja2 used the way vLLM
+# builds prompts (tests/tokenize/crosscheck.py, docs/tokenization.md). Seconds.
+.venv/bin/pip install -q --disable-pip-version-check -r tests/tokenize/requirements.txt
+.venv/bin/python tests/tokenize/crosscheck.py target/debug/switchyard
 
 echo "== SDK compatibility"
 scripts/sdk-tests.sh

@@ -21,4 +21,5 @@ pub mod server;
 pub mod sim;
 pub mod telemetry;
 pub mod tenancy;
+pub mod tokenize;
 pub mod upstream;

@@ -49,6 +49,9 @@ enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Print the prompt token ids the gateway computes for a request body read
+    /// from stdin (a model directory's tokenizer and chat template).
+    Tokenize(cli::TokenizeArgs),
 }
 
 fn init_logging(format: &str) {
@@ -150,6 +153,25 @@ fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAdd
     });
 }
 
+/// `switchyard tokenize`: synchronous, no runtime.
+fn run_tokenize(args: &cli::TokenizeArgs) -> ExitCode {
+    let mut body = Vec::new();
+    if let Err(e) = std::io::Read::read_to_end(&mut std::io::stdin(), &mut body) {
+        eprintln!("error: reading stdin: {e}");
+        return ExitCode::FAILURE;
+    }
+    match cli::tokenize(args, &body) {
+        Ok(out) => {
+            println!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Completions { shell } = cli.cmd {
@@ -162,6 +184,9 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&cli.log_format);
+    if let Command::Tokenize(args) = &cli.cmd {
+        return run_tokenize(args);
+    }
     if matches!(
         cli.cmd,
         Command::Serve(_) | Command::Sim(_) | Command::Demo(_)
@@ -180,6 +205,7 @@ fn main() -> ExitCode {
             Command::Serve(a) => run_serve(a).await,
             Command::Sim(a) => switchyard::sim::run(*a).await,
             Command::Demo(a) => switchyard::demo::run(a, shutdown_signal()).await,
+            Command::Tokenize(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file, no_secrets } => {
                 let secrets = if no_secrets {
                     switchyard::config::Secrets::Optional

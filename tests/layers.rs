@@ -13,6 +13,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("sim", 0),
     ("telemetry", 1),
     ("upstream", 2),
+    ("tokenize", 2),
     ("pool", 3),
     ("routing", 4),
     ("tenancy", 4),

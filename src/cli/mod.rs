@@ -160,3 +160,43 @@ pub fn check_config(
     }
     Ok(out)
 }
+
+/// `switchyard tokenize`: the prompt tokens the gateway computes for a request.
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    /// Model directory with `tokenizer.json` and `tokenizer_config.json`.
+    #[arg(long)]
+    pub model_dir: PathBuf,
+    /// Chat template file to use instead of the model's (like vLLM's `--chat-template`).
+    #[arg(long)]
+    pub chat_template: Option<PathBuf>,
+    /// The endpoint the request body (read from stdin) is for.
+    #[arg(long, default_value = "chat", value_parser = ["chat", "completions", "responses"])]
+    pub endpoint: String,
+    /// Print the rendered chat prompt text instead of token ids.
+    #[arg(long)]
+    pub render: bool,
+}
+
+/// Token ids as a JSON array (or the rendered prompt) for the request body on stdin.
+pub fn tokenize(args: &TokenizeArgs, body: &[u8]) -> anyhow::Result<String> {
+    use crate::api::inspect::Endpoint;
+    use crate::tokenize::{HfTokenizer, PromptTokenizer};
+    let template = match &args.chat_template {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?)
+        }
+        None => None,
+    };
+    let tok = HfTokenizer::from_dir(&args.model_dir, template)?;
+    let endpoint = match args.endpoint.as_str() {
+        "completions" => Endpoint::Completions,
+        "responses" => Endpoint::Responses,
+        _ => Endpoint::ChatCompletions,
+    };
+    if args.render {
+        return Ok(tok.render(endpoint, body)?);
+    }
+    let ids = tok.prompt_tokens(endpoint, body)?;
+    Ok(serde_json::to_string(&*ids)?)
+}

@@ -52,6 +52,13 @@ pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
 pub const DISAGG_LEG_FAILURES_TOTAL: &str = "switchyard_disagg_leg_failures_total";
 
+// ---- Gateway-side tokenization ----
+pub const TOKENIZE_CACHE_HITS_TOTAL: &str = "switchyard_tokenize_cache_hits_total";
+pub const TOKENIZE_CACHE_MISSES_TOTAL: &str = "switchyard_tokenize_cache_misses_total";
+pub const TOKENIZE_CACHE_EVICTIONS_TOTAL: &str = "switchyard_tokenize_cache_evictions_total";
+pub const TOKENIZE_CACHE_TOKENS: &str = "switchyard_tokenize_cache_tokens";
+pub const TOKENIZE_ERRORS_TOTAL: &str = "switchyard_tokenize_errors_total";
+
 // ---- Global routing ----
 pub const SPLIT_DECISIONS_TOTAL: &str = "switchyard_split_decisions_total";
 pub const CROSS_REGION_REQUESTS_TOTAL: &str = "switchyard_cross_region_requests_total";
@@ -138,6 +145,7 @@ pub fn describe() {
     );
     describe_observability();
     describe_routing();
+    describe_tokenize();
     describe_counter!(
         LAST_RESORT_RETRIES_TOTAL,
         "Retries sent to an already-tried or cooling-down worker because no untried available worker was left."
@@ -289,5 +297,28 @@ fn describe_routing() {
     describe_counter!(
         POLICY_OVERRIDES_TOTAL,
         "Requests whose x-switchyard-policy header was honoured, by pool and policy."
+    );
+}
+
+fn describe_tokenize() {
+    describe_counter!(
+        TOKENIZE_CACHE_HITS_TOTAL,
+        "Prompt segments whose tokens came from the gateway's tokenization cache."
+    );
+    describe_counter!(
+        TOKENIZE_CACHE_MISSES_TOTAL,
+        "Prompt segments the gateway tokenized because they were not cached."
+    );
+    describe_counter!(
+        TOKENIZE_CACHE_EVICTIONS_TOTAL,
+        "Segments evicted from the tokenization cache to stay within its token bound."
+    );
+    describe_gauge!(
+        TOKENIZE_CACHE_TOKENS,
+        "Tokens held by the tokenization caches (bounded per model)."
+    );
+    describe_counter!(
+        TOKENIZE_ERRORS_TOTAL,
+        "Requests the gateway could not tokenize, by reason (unsupported, invalid)."
     );
 }

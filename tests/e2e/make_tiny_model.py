@@ -2,6 +2,7 @@
 """Write a tiny random-weight Llama model that vLLM can serve, with no download.
 
     python tests/e2e/make_tiny_model.py OUT_DIR
+    python tests/e2e/make_tiny_model.py --tokenizer-only OUT_DIR   # tokenizer files only
 
 * Tokenizer: byte-level BPE trained here with `tokenizers` on local text (the
   Python standard library's own sources, read in a fixed order), 8k vocabulary,
@@ -53,13 +54,9 @@ def corpus() -> list[str]:
     return out
 
 
-def main() -> int:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("TINY_MODEL_DIR", "bench-out/tiny-llama"))
-    if (out / MARKER).exists():
-        print(f"tiny model already at {out}")
-        return 0
-    out.mkdir(parents=True, exist_ok=True)
-
+def write_tokenizer(out: Path):
+    """The tokenizer files alone (tokenizer.json, tokenizer_config.json,
+    special_tokens_map.json); returns the trained `tokenizers.Tokenizer`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -74,7 +71,6 @@ def main() -> int:
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
     tok.save(str(out / "tokenizer.json"))
-    vocab = tok.get_vocab_size()
 
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -86,6 +82,24 @@ def main() -> int:
     }, indent=1))
     (out / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "</s>"}, indent=1))
+    return tok
+
+
+def main() -> int:
+    args = [a for a in sys.argv[1:] if a != "--tokenizer-only"]
+    out = Path(args[0] if args else os.environ.get("TINY_MODEL_DIR", "bench-out/tiny-llama"))
+    if "--tokenizer-only" in sys.argv:
+        out.mkdir(parents=True, exist_ok=True)
+        write_tokenizer(out)
+        print(f"tiny tokenizer at {out}")
+        return 0
+    if (out / MARKER).exists():
+        print(f"tiny model already at {out}")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+
+    tok = write_tokenizer(out)
+    vocab = tok.get_vocab_size()
 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

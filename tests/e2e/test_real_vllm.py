@@ -19,7 +19,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, ROOT
+from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, MODEL_DIR, ROOT, SWITCHYARD
 from workload import Workload, hit_ratio_during, requests_per_engine, run_workload, samples, scrape, total
 
 # Minimum (prefix hit ratio − round-robin hit ratio), both from the engines' own
@@ -69,6 +69,40 @@ def test_engines_expose_the_metrics_the_poller_reads(engines):
         assert int(labels["num_gpu_blocks"]) == KV_BLOCKS, labels
         assert int(labels["block_size"]) == BLOCK_SIZE, labels
         assert labels.get("enable_prefix_caching") == "True", labels
+
+
+def _post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def test_gateway_tokenization_matches_the_engine(engines):
+    """`switchyard tokenize` gives the tokens vLLM itself computes (its /tokenize
+    endpoint) and counts (usage.prompt_tokens), for chat and completions."""
+    import subprocess
+    engine = engines[0]
+    chats = [
+        [{"role": "user", "content": "Hello there!"}],
+        [{"role": "system", "content": "Be brief.  \n"}, {"role": "user", "content": "2+2?"},
+         {"role": "assistant", "content": "4"}, {"role": "user", "content": [
+             {"type": "text", "text": "and"}, {"type": "text", "text": "3+3? 🙂 <|end|>"}]}],
+    ]
+    for messages in chats:
+        body = {"model": MODEL, "messages": messages}
+        ours = json.loads(subprocess.run(
+            [str(SWITCHYARD), "tokenize", "--model-dir", str(MODEL_DIR)],
+            input=json.dumps(body).encode(), capture_output=True, check=True).stdout)
+        theirs = _post(engine.url + "/tokenize", {**body, "add_generation_prompt": True})["tokens"]
+        assert ours == theirs, (messages, ours, theirs)
+        usage = _post(engine.url + "/v1/chat/completions", {**body, "max_tokens": 1})["usage"]
+        assert usage["prompt_tokens"] == len(ours)
+    body = {"model": MODEL, "prompt": "def f(x):\n    return x  # é"}
+    ours = json.loads(subprocess.run(
+        [str(SWITCHYARD), "tokenize", "--model-dir", str(MODEL_DIR), "--endpoint", "completions"],
+        input=json.dumps(body).encode(), capture_output=True, check=True).stdout)
+    assert ours == _post(engine.url + "/tokenize", body)["tokens"]
 
 
 def test_models_through_the_gateway(client):
