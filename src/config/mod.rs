@@ -11,6 +11,7 @@
 
 pub mod global;
 mod key;
+pub mod kv_events;
 pub mod observability;
 mod problems;
 mod raw;
@@ -22,6 +23,7 @@ use key::Key;
 use problems::Problems;
 pub use problems::Secrets;
 pub use secret::Secret;
+pub use kv_events::{KvEndpoints, KvEventsConfig, TokenizerConfig};
 
 pub use raw::{
     RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,
@@ -203,6 +205,10 @@ pub enum ScorerKind {
     Session,
     /// Lower KV-cache usage scores higher.
     Kv,
+    /// Prompt tokens the worker holds by its own KV-cache events (tier-weighted),
+    /// as a fraction of the prompt; the `prefix` score where the pool has no
+    /// precise index.
+    PrecisePrefix,
 }
 
 impl ScorerKind {
@@ -212,6 +218,7 @@ impl ScorerKind {
         ScorerKind::Cost,
         ScorerKind::Session,
         ScorerKind::Kv,
+        ScorerKind::PrecisePrefix,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -221,6 +228,7 @@ impl ScorerKind {
             ScorerKind::Cost => "cost",
             ScorerKind::Session => "session",
             ScorerKind::Kv => "kv",
+            ScorerKind::PrecisePrefix => "precise_prefix",
         }
     }
 
@@ -608,6 +616,10 @@ pub struct PoolConfig {
     pub fallback: Vec<String>,
     pub lora_adapters: Vec<String>,
     pub kubernetes: Option<KubernetesConfig>,
+    /// How prompts are tokenized for the precise index; `None`: approximate only.
+    pub tokenizer: Option<TokenizerConfig>,
+    /// `[pools.kv_events]` (defaults when absent).
+    pub kv_events: KvEventsConfig,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -617,6 +629,8 @@ pub struct WorkerConfig {
     pub labels: BTreeMap<String, String>,
     /// USD per 1M tokens (prompt + output); 0 when not configured.
     pub price_per_mtok: f64,
+    /// The engine's KV-event endpoints, when it publishes them.
+    pub kv_events: Option<KvEndpoints>,
 }
 
 /// Every problem found in a configuration, each naming its key path.
@@ -1151,6 +1165,14 @@ fn validate_pool(
         fallback: rp.fallback,
         lora_adapters: rp.lora_adapters,
         kubernetes,
+        tokenizer: rp
+            .tokenizer
+            .and_then(|t| kv_events::validate_tokenizer(&key.field("tokenizer"), t, p)),
+        kv_events: kv_events::validate_kv_events(
+            &key.field("kv_events"),
+            rp.kv_events.unwrap_or_default(),
+            p,
+        ),
     };
     (pool, indices)
 }
@@ -1188,10 +1210,12 @@ fn validate_workers(
                 key.field("price_per_mtok")
             ));
         }
+        let kv_events = kv_events::validate_endpoints(&key, w.kv_events, w.kv_replay, p);
         workers.push(WorkerConfig {
             url,
             labels: w.labels,
             price_per_mtok: price,
+            kv_events,
         });
         indices.push(j);
     }

@@ -81,6 +81,7 @@ impl ForwardContext<'_> {
                 .and_then(|v| v.to_str().ok()),
         )
         .with_residency(self.residency)
+        .with_body(self.endpoint, &self.body)
     }
 
     /// The request's residency allows `worker`'s region.

@@ -15,7 +15,7 @@
 //! - `profiles`: named parameter sets from published figures
 //! - `cli`: `SimArgs` and [`run`]
 
-mod api;
+pub mod api;
 mod cli;
 pub mod engine;
 pub mod faults;
