@@ -331,7 +331,7 @@ mod tests {
         assert!(!ix.remove(s[0], k[0], Tier::Gpu));
         ix.lookup(&k, &mut d);
         assert_eq!(d[s[0] as usize], [0, 0, 0]);
-        assert_eq!(ix.pairs(), 6);
+        assert_eq!(ix.pairs(), 7);
     }
 
     #[test]

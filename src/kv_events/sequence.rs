@@ -68,10 +68,11 @@ mod tests {
         assert_eq!(s.on_live(6), Step::Apply);
         s.applied(6);
         assert_eq!(s.on_live(9), Step::Gap { from: 7 });
-        s.replayed(8);
-        s.applied(9);
-        // A live copy of 8 queued during the replay is a duplicate...
+        // The replay delivers 7..=9 (the buffer holds 9 too).
+        s.replayed(9);
+        // A late live copy of 8 (reordered) is a duplicate...
         assert_eq!(s.on_live(8), Step::Duplicate);
+        assert_eq!(s.on_live(10), Step::Apply);
         s.applied(10);
         // ...but once past the replay, going back means a new engine.
         assert_eq!(s.on_live(0), Step::Reset);

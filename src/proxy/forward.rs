@@ -41,6 +41,8 @@ pub(crate) struct RouteNote<'a> {
     /// The prefill worker of a disaggregated request.
     pub prefill: Option<&'a str>,
     pub est_cost_usd: Option<f64>,
+    /// The cache prediction came from the engines' KV events (precise index).
+    pub precise: bool,
 }
 
 impl RouteNote<'_> {
@@ -462,6 +464,7 @@ pub(crate) fn respond(
         note.policy,
         note.reason.as_str(),
         predicted,
+        note.precise,
     );
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);

@@ -145,6 +145,8 @@ pub struct RouteRequest<'a> {
     /// The precise index's block keys of the prompt tokens (`None`: the prompt
     /// could not be tokenized).
     prompt_keys: OnceLock<Option<Vec<u64>>>,
+    /// The last cache prediction came from the precise index.
+    precise: std::sync::atomic::AtomicBool,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -156,7 +158,18 @@ impl<'a> RouteRequest<'a> {
             body: None,
             blocks: OnceLock::new(),
             prompt_keys: OnceLock::new(),
+            precise: Default::default(),
         }
+    }
+
+    /// Whether the last [`Policy::predicted_cached_tokens`] for this request
+    /// came from the engines' KV events (the precise index).
+    pub fn predicted_precisely(&self) -> bool {
+        self.precise.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_predicted_precisely(&self, v: bool) {
+        self.precise.store(v, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The same request with its endpoint and body (to tokenize the prompt).

@@ -391,7 +391,9 @@ impl super::Policy for Pipeline {
     }
 
     fn predicted_cached_tokens(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<u64> {
-        if let (Some(p), Some((depths, _))) = (&self.precise, self.precise_lookup(req)) {
+        let precise = self.precise.as_ref().zip(self.precise_lookup(req));
+        req.set_predicted_precisely(precise.is_some());
+        if let Some((p, (depths, _))) = precise {
             let slot = (*p.slots.get(d.index)?)?;
             let blocks = depths[slot as usize][2];
             return Some(u64::from(blocks) * p.kv.index.block_size() as u64);

@@ -119,6 +119,8 @@ pub struct RouteTags {
     pub reason: &'static str,
     /// Prompt tokens the router expects the chosen worker to have cached.
     pub predicted_cached_tokens: Option<u64>,
+    /// The prediction came from the engines' KV events (precise index).
+    pub precise: bool,
 }
 
 impl RequestTags {
@@ -130,6 +132,7 @@ impl RequestTags {
         policy: &'static str,
         reason: &'static str,
         predicted_cached_tokens: Option<u64>,
+        precise: bool,
     ) -> RouteTags {
         let region = worker
             .labels
@@ -143,6 +146,7 @@ impl RequestTags {
             policy,
             reason,
             predicted_cached_tokens,
+            precise,
         }
     }
 
@@ -321,19 +325,38 @@ struct TickState {
     last_tick: Option<Instant>,
 }
 
-/// Kinds of the cache-prediction counters besides the prediction results.
-const PREDICTED: &str = "predicted";
-const ACTUAL: &str = "actual";
+/// Kinds of the cache-prediction counters, `mode:kind`: predicted or actual
+/// cached tokens, or a prediction's result, per prediction mode (`precise`: the
+/// engines' KV events; `approximate`: the gateway's own prefix index).
+const CACHE_KINDS: [[&str; 6]; 2] = [
+    [
+        "approximate:predicted",
+        "approximate:actual",
+        "approximate:hit",
+        "approximate:false_hit",
+        "approximate:missed_hit",
+        "approximate:miss",
+    ],
+    [
+        "precise:predicted",
+        "precise:actual",
+        "precise:hit",
+        "precise:false_hit",
+        "precise:missed_hit",
+        "precise:miss",
+    ],
+];
 
-/// The counter behind a (pool, kind) cache-prediction key: predicted or actual
-/// cached tokens, or a prediction's result.
+/// The counter behind a (pool, `mode:kind`) cache-prediction key.
 fn cache_counter((pool, kind): &super::PoolKindKey) -> metrics::Counter {
-    match *kind {
-        PREDICTED => counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone()),
-        ACTUAL => counter!(names::CACHE_ACTUAL_TOKENS_TOTAL, names::L_POOL => pool.clone()),
+    let (mode, kind) = kind.split_once(':').unwrap_or(("approximate", kind));
+    match kind {
+        "predicted" => counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone(), names::L_MODE => mode),
+        "actual" => counter!(names::CACHE_ACTUAL_TOKENS_TOTAL, names::L_POOL => pool.clone(), names::L_MODE => mode),
         result => counter!(
             names::CACHE_PREDICTIONS_TOTAL,
             names::L_POOL => pool.clone(),
+            names::L_MODE => mode,
             names::L_RESULT => result
         ),
     }
@@ -521,13 +544,14 @@ impl Hub {
         // Predicted vs actual cache hits.
         if let (Some(pred), Some(_)) = (route.predicted_cached_tokens, m.prompt_tokens) {
             let actual = toks.cached;
+            let kinds = &CACHE_KINDS[usize::from(route.precise)];
             let result = match (pred > 0, actual > 0) {
-                (true, true) => "hit",
-                (true, false) => "false_hit",
-                (false, true) => "missed_hit",
-                (false, false) => "miss",
+                (true, true) => kinds[2],
+                (true, false) => kinds[3],
+                (false, true) => kinds[4],
+                (false, false) => kinds[5],
             };
-            for (kind, n) in [(PREDICTED, pred), (ACTUAL, actual), (result, 1)] {
+            for (kind, n) in [(kinds[0], pred), (kinds[1], actual), (result, 1)] {
                 self.cache_counts
                     .increment(&Borrowed((pool, kind)), n, cache_counter);
             }
