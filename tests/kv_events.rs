@@ -71,7 +71,10 @@ fn config(sims: &[SimHandle], kv_lines: &str) -> String {
 
 /// A prompt of `words` words, distinct per `tag`, long enough for many blocks.
 fn prompt(tag: &str, words: usize) -> String {
-    (0..words).map(|i| format!("{tag}{i}")).collect::<Vec<_>>().join(" ")
+    (0..words)
+        .map(|i| format!("{tag}{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn body(content: &str) -> serde_json::Value {
@@ -95,7 +98,14 @@ async fn chat(base: &str, content: &str) -> Option<(String, String)> {
     let _ = resp.bytes().await.unwrap();
     route.map(|r| {
         let worker = r.split("; ").next().unwrap().to_string();
-        let reason = r.split("reason=").nth(1).unwrap().split(';').next().unwrap().to_string();
+        let reason = r
+            .split("reason=")
+            .nth(1)
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_string();
         (worker, reason)
     })
 }
@@ -125,7 +135,12 @@ async fn wait_live(gw: &str, sims: &[SimHandle]) {
 async fn wait_blocks(gw: &str, worker: &str, at_least: f64) {
     eventually(WAIT, "blocks indexed", || async move {
         let m = scrape(gw).await;
-        let n = worker_metric(&m, names::KV_INDEX_BLOCKS, worker, &[(names::L_MEDIUM, "gpu")]);
+        let n = worker_metric(
+            &m,
+            names::KV_INDEX_BLOCKS,
+            worker,
+            &[(names::L_MEDIUM, "gpu")],
+        );
         (n >= at_least).then_some(())
     })
     .await;
@@ -135,14 +150,23 @@ async fn wait_blocks(gw: &str, worker: &str, at_least: f64) {
 async fn wait_caught_up(gw: &str, sim: &SimHandle) {
     let published = support::sim_metric(&sim.url(), "sim_kv_event_batches_total").await;
     let url = sim.url();
-    eventually(WAIT, "the gateway caught up with the engine's events", || {
-        let url = url.clone();
-        async move {
-            let m = scrape(gw).await;
-            let applied = worker_metric(&m, names::KV_EVENTS_TOTAL, &url, &[(names::L_KIND, "applied")]);
-            (applied >= published).then_some(())
-        }
-    })
+    eventually(
+        WAIT,
+        "the gateway caught up with the engine's events",
+        || {
+            let url = url.clone();
+            async move {
+                let m = scrape(gw).await;
+                let applied = worker_metric(
+                    &m,
+                    names::KV_EVENTS_TOTAL,
+                    &url,
+                    &[(names::L_KIND, "applied")],
+                );
+                (applied >= published).then_some(())
+            }
+        },
+    )
     .await;
 }
 
@@ -156,12 +180,26 @@ async fn events_drive_the_index_even_for_traffic_the_gateway_never_saw() {
     chat(&sims[2].url(), &text).await;
     wait_caught_up(&gw.url(), &sims[2]).await;
     let (worker, reason) = chat(&gw.url(), &text).await.unwrap();
-    assert_eq!((worker.as_str(), reason.as_str()), (sims[2].url().as_str(), "prefix_hit"));
+    assert_eq!(
+        (worker.as_str(), reason.as_str()),
+        (sims[2].url().as_str(), "prefix_hit")
+    );
     // The prediction was exact: the engine reported the cached tokens predicted.
     let m = scrape(&gw.url()).await;
-    let pred = metric_sum(&m, names::CACHE_PREDICTED_TOKENS_TOTAL, &[(names::L_POOL, "p"), (names::L_MODE, "precise")]);
-    let actual = metric_sum(&m, names::CACHE_ACTUAL_TOKENS_TOTAL, &[(names::L_POOL, "p"), (names::L_MODE, "precise")]);
-    assert!(pred > 0.0 && pred == actual, "predicted {pred}, actual {actual}");
+    let pred = metric_sum(
+        &m,
+        names::CACHE_PREDICTED_TOKENS_TOTAL,
+        &[(names::L_POOL, "p"), (names::L_MODE, "precise")],
+    );
+    let actual = metric_sum(
+        &m,
+        names::CACHE_ACTUAL_TOKENS_TOTAL,
+        &[(names::L_POOL, "p"), (names::L_MODE, "precise")],
+    );
+    assert!(
+        pred > 0.0 && pred == actual,
+        "predicted {pred}, actual {actual}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +219,8 @@ async fn a_dropped_range_is_replayed() {
         let (gw, url) = (gw.url(), url.clone());
         async move {
             let m = scrape(&gw).await;
-            let k = |kind| worker_metric(&m, names::KV_EVENTS_TOTAL, &url, &[(names::L_KIND, kind)]);
+            let k =
+                |kind| worker_metric(&m, names::KV_EVENTS_TOTAL, &url, &[(names::L_KIND, kind)]);
             (k("replayed") >= 3.0 && k("applied") >= 8.0).then_some((k("lost"), k("duplicate")))
         }
     })
@@ -189,7 +228,10 @@ async fn a_dropped_range_is_replayed() {
     let m = scrape(&gw.url()).await;
     let k = |kind| worker_metric(&m, names::KV_EVENTS_TOTAL, &url, &[(names::L_KIND, kind)]);
     assert_eq!(k("lost"), 0.0);
-    assert!(k("duplicate") >= 1.0, "reordered live batches arrive after their replay");
+    assert!(
+        k("duplicate") >= 1.0,
+        "reordered live batches arrive after their replay"
+    );
     // The first prompt's blocks (in a dropped batch) are indexed.
     let (worker, reason) = chat(&gw.url(), &prompt("p0x", 40)).await.unwrap();
     assert_eq!((worker, reason.as_str()), (url, "prefix_hit"));
@@ -201,13 +243,17 @@ async fn an_engine_restart_clears_its_entries() {
     let http_port = probe[0].addr().port();
     let events = probe[0].kv_endpoints().unwrap().clone();
     let port = |e: &str| e.rsplit(':').next().unwrap().parse::<u16>().unwrap();
-    let (ep, rp) = (port(&events.events), port(events.replay.as_deref().unwrap()));
+    let (ep, rp) = (
+        port(&events.events),
+        port(events.replay.as_deref().unwrap()),
+    );
     let gw = gateway(&config(&probe, "")).await;
     wait_live(&gw.url(), &probe).await;
     let url = probe[0].url();
     chat(&url, &prompt("before", 80)).await;
     wait_blocks(&gw.url(), &url, 4.0).await;
-    let resyncs = |m: &str| worker_metric(m, names::KV_RESYNCS_TOTAL, &url, &[("reason", "reconnect")]);
+    let resyncs =
+        |m: &str| worker_metric(m, names::KV_RESYNCS_TOTAL, &url, &[("reason", "reconnect")]);
     let before = resyncs(&scrape(&gw.url()).await);
     for s in probe {
         s.shutdown().await;
@@ -218,7 +264,12 @@ async fn an_engine_restart_clears_its_entries() {
         let (gw, url) = (gw.url(), url.clone());
         async move {
             let m = scrape(&gw).await;
-            let blocks = worker_metric(&m, names::KV_INDEX_BLOCKS, &url, &[(names::L_MEDIUM, "gpu")]);
+            let blocks = worker_metric(
+                &m,
+                names::KV_INDEX_BLOCKS,
+                &url,
+                &[(names::L_MEDIUM, "gpu")],
+            );
             let live = worker_metric(&m, names::KV_WORKER_STATE, &url, &[]) == 2.0;
             (blocks == 0.0 && live && resyncs(&m) > before).then_some(())
         }
@@ -239,7 +290,12 @@ async fn a_block_size_mismatch_falls_back_loudly() {
         let (gw, url) = (gw.url(), url.clone());
         async move {
             let m = scrape(&gw).await;
-            let refused = worker_metric(&m, names::KV_REFUSALS_TOTAL, &url, &[("reason", "block_size")]);
+            let refused = worker_metric(
+                &m,
+                names::KV_REFUSALS_TOTAL,
+                &url,
+                &[("reason", "block_size")],
+            );
             let state = worker_metric(&m, names::KV_WORKER_STATE, &url, &[]);
             (refused >= 1.0 && state == 3.0).then_some(())
         }
@@ -252,7 +308,13 @@ async fn a_block_size_mismatch_falls_back_loudly() {
     let (w2, reason) = chat(&gw.url(), &text).await.unwrap();
     assert_eq!((w2, reason.as_str()), (w1, "prefix_hit"));
     let m = scrape(&gw.url()).await;
-    assert!(metric_sum(&m, names::CACHE_PREDICTIONS_TOTAL, &[(names::L_POOL, "p"), (names::L_MODE, "approximate")]) >= 1.0);
+    assert!(
+        metric_sum(
+            &m,
+            names::CACHE_PREDICTIONS_TOTAL,
+            &[(names::L_POOL, "p"), (names::L_MODE, "approximate")]
+        ) >= 1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -263,7 +325,11 @@ async fn eviction_on_the_engine_moves_the_next_request_elsewhere() {
     wait_live(&gw.url(), &sims).await;
     let text = prompt("evict", 150);
     let (first, _) = chat(&gw.url(), &text).await.unwrap();
-    let (held, other) = if first == sims[0].url() { (0, 1) } else { (1, 0) };
+    let (held, other) = if first == sims[0].url() {
+        (0, 1)
+    } else {
+        (1, 0)
+    };
     // The other engine learns the prompt directly; the holder then evicts it.
     chat(&sims[other].url(), &text).await;
     wait_caught_up(&gw.url(), &sims[other]).await;

@@ -98,7 +98,11 @@ pub struct KvEndpoints {
     pub replay: Option<String>,
 }
 
-pub(super) fn validate_tokenizer(key: &Key, raw: RawTokenizer, p: &mut Problems) -> Option<TokenizerConfig> {
+pub(super) fn validate_tokenizer(
+    key: &Key,
+    raw: RawTokenizer,
+    p: &mut Problems,
+) -> Option<TokenizerConfig> {
     let (kind, table) = match raw {
         RawTokenizer::Name(n) => (n, false),
         RawTokenizer::Table(t) => (t.kind, true),
@@ -123,15 +127,24 @@ pub(super) fn validate_kv_events(key: &Key, raw: RawKvEvents, p: &mut Problems) 
     let d = KvEventsConfig::default();
     let block_size = raw.block_size.unwrap_or(d.block_size);
     if block_size == 0 {
-        p.push(format!("{}: must be greater than 0", key.field("block_size")));
+        p.push(format!(
+            "{}: must be greater than 0",
+            key.field("block_size")
+        ));
     }
     let max_blocks = raw.max_blocks_per_worker.unwrap_or(d.max_blocks_per_worker);
     if max_blocks == 0 {
-        p.push(format!("{}: must be greater than 0", key.field("max_blocks_per_worker")));
+        p.push(format!(
+            "{}: must be greater than 0",
+            key.field("max_blocks_per_worker")
+        ));
     }
     let probe = raw.probe_interval_ms.unwrap_or(DEFAULT_KV_PROBE_MS);
     if probe == 0 {
-        p.push(format!("{}: must be greater than 0", key.field("probe_interval_ms")));
+        p.push(format!(
+            "{}: must be greater than 0",
+            key.field("probe_interval_ms")
+        ));
     }
     let w = raw.tier_weights.unwrap_or_default();
     let tier_weights = [
@@ -180,4 +193,60 @@ pub(super) fn validate_endpoints(
     let events = events?;
     check("kv_events", &events, p);
     Some(KvEndpoints { events, replay })
+}
+
+#[cfg(test)]
+mod tests {
+    fn problems(pool_lines: &str, worker: &str) -> Vec<String> {
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nworkers = [{{ url = \"http://h:1\"{worker} }}]\n{pool_lines}\n"
+        );
+        match crate::config::parse(&text).and_then(|r| r.validate()) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems,
+        }
+    }
+
+    #[test]
+    fn accepts_the_sim_tokenizer_and_worker_endpoints() {
+        let text = "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\ntokenizer = \"sim\"\nworkers = [{ url = \"http://h:1\", kv_events = \"tcp://h:5557\", kv_replay = \"tcp://h:5558\" }]\n[pools.kv_events]\nblock_size = 32\ntier_weights = { cpu = 0.5 }\n";
+        let c = crate::config::parse(text).unwrap().validate().unwrap();
+        let p = &c.pools[0];
+        assert_eq!(p.tokenizer, Some(super::TokenizerConfig::Sim));
+        assert_eq!(p.kv_events.block_size, 32);
+        assert_eq!(p.kv_events.tier_weights, [1.0, 0.5, 0.5]);
+        let ep = p.workers[0].kv_events.as_ref().unwrap();
+        assert_eq!(
+            (ep.events.as_str(), ep.replay.as_deref()),
+            ("tcp://h:5557", Some("tcp://h:5558"))
+        );
+    }
+
+    #[test]
+    fn rejections_name_their_keys() {
+        assert_eq!(
+            problems("tokenizer = { kind = \"hf\", path = \"t.json\" }", ""),
+            ["pools[0].tokenizer: hf tokenizer not built in (use \"sim\", or leave unset to route on the approximate prefix index)"]
+        );
+        assert!(problems("tokenizer = \"gpt\"", "")[0]
+            .starts_with("pools[0].tokenizer: unknown tokenizer \"gpt\""));
+        assert_eq!(
+            problems("", ", kv_events = \"http://h:5557\""),
+            ["pools[0].workers[0].kv_events: expected a ZeroMQ TCP endpoint like tcp://HOST:PORT, got \"http://h:5557\""]
+        );
+        assert_eq!(
+            problems("", ", kv_replay = \"tcp://h:5558\""),
+            ["pools[0].workers[0].kv_replay: needs kv_events too"]
+        );
+        assert_eq!(
+            problems(
+                "[pools.kv_events]\nblock_size = 0\ntier_weights = { disk = 2.0 }",
+                ""
+            ),
+            [
+                "pools[0].kv_events.block_size: must be greater than 0",
+                "pools[0].kv_events.tier_weights.disk: must be between 0.0 and 1.0, got 2",
+            ]
+        );
+    }
 }

@@ -20,10 +20,10 @@ mod resolve;
 mod secret;
 
 use key::Key;
+pub use kv_events::{KvEndpoints, KvEventsConfig, TokenizerConfig};
 use problems::Problems;
 pub use problems::Secrets;
 pub use secret::Secret;
-pub use kv_events::{KvEndpoints, KvEventsConfig, TokenizerConfig};
 
 pub use raw::{
     RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,

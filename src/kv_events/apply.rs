@@ -105,7 +105,14 @@ impl WorkerBlocks {
                     None => Some(ROOT_KEY),
                     Some(p) => self.held.get(p).map(|h| h.key),
                 };
-                self.store(ix, block_hashes, first.filter(|_| !salted), token_ids, *tier, &mut out);
+                self.store(
+                    ix,
+                    block_hashes,
+                    first.filter(|_| !salted),
+                    token_ids,
+                    *tier,
+                    &mut out,
+                );
             }
             Event::Removed { block_hashes, tier } => {
                 for h in block_hashes {
@@ -147,7 +154,10 @@ impl WorkerBlocks {
                 // The engine reused a hash for other tokens: trust the newest.
                 let old = *e;
                 *e = Held { key, tiers: 0 };
-                for t in Tier::ALL.into_iter().filter(|t| old.tiers & (1 << *t as u8) != 0) {
+                for t in Tier::ALL
+                    .into_iter()
+                    .filter(|t| old.tiers & (1 << *t as u8) != 0)
+                {
                     ix.remove(self.slot, old.key, t);
                     self.per_tier[t as usize] -= 1;
                 }
@@ -194,7 +204,12 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    fn stored(hashes: &[u64], parent: Option<u64>, tokens: std::ops::Range<u32>, tier: Tier) -> Event {
+    fn stored(
+        hashes: &[u64],
+        parent: Option<u64>,
+        tokens: std::ops::Range<u32>,
+        tier: Tier,
+    ) -> Event {
         Event::Stored {
             block_hashes: hashes.to_vec(),
             parent,
@@ -216,16 +231,28 @@ mod tests {
         let ix = KvIndex::new(4);
         let slot = ix.claim(&Arc::from("w")).unwrap();
         let mut w = WorkerBlocks::new(slot, 4, 100);
-        w.apply(&ix, &stored(&[11, 12], None, 0..8, Tier::Gpu)).unwrap();
+        w.apply(&ix, &stored(&[11, 12], None, 0..8, Tier::Gpu))
+            .unwrap();
         // A continuation in a later event names its parent by engine hash.
-        w.apply(&ix, &stored(&[13], Some(12), 8..12, Tier::Gpu)).unwrap();
+        w.apply(&ix, &stored(&[13], Some(12), 8..12, Tier::Gpu))
+            .unwrap();
         assert_eq!(depth(&ix, slot, 0..14), [3, 3, 3]);
         // Offloaded to CPU, then dropped from the GPU: still held, one tier down.
-        w.apply(&ix, &stored(&[13], Some(12), 8..12, Tier::Cpu)).unwrap();
-        w.apply(&ix, &Event::Removed { block_hashes: vec![13], tier: Tier::Gpu }).unwrap();
+        w.apply(&ix, &stored(&[13], Some(12), 8..12, Tier::Cpu))
+            .unwrap();
+        w.apply(
+            &ix,
+            &Event::Removed {
+                block_hashes: vec![13],
+                tier: Tier::Gpu,
+            },
+        )
+        .unwrap();
         assert_eq!(depth(&ix, slot, 0..14), [2, 3, 3]);
         assert_eq!(w.per_tier(), [2, 1, 0]);
-        let unknown_parent = w.apply(&ix, &stored(&[20], Some(99), 0..4, Tier::Gpu)).unwrap();
+        let unknown_parent = w
+            .apply(&ix, &stored(&[20], Some(99), 0..4, Tier::Gpu))
+            .unwrap();
         assert_eq!(unknown_parent.unchained, 1);
         let r = w.apply(&ix, &Event::AllCleared).unwrap();
         assert!(r.cleared);
@@ -242,9 +269,20 @@ mod tests {
         if let Event::Stored { block_size, .. } = &mut e {
             *block_size = 16;
         }
-        assert_eq!(w.apply(&ix, &e), Err(Refusal::BlockSize { engine: 16, pool: 4 }));
-        assert_eq!(w.apply(&ix, &stored(&[1, 2], None, 0..4, Tier::Gpu)), Err(Refusal::Tokens));
-        let r = w.apply(&ix, &stored(&[1, 2, 3], None, 0..12, Tier::Gpu)).unwrap();
+        assert_eq!(
+            w.apply(&ix, &e),
+            Err(Refusal::BlockSize {
+                engine: 16,
+                pool: 4
+            })
+        );
+        assert_eq!(
+            w.apply(&ix, &stored(&[1, 2], None, 0..4, Tier::Gpu)),
+            Err(Refusal::Tokens)
+        );
+        let r = w
+            .apply(&ix, &stored(&[1, 2, 3], None, 0..12, Tier::Gpu))
+            .unwrap();
         assert_eq!(r.over_capacity, 1);
         assert_eq!(ix.pairs(), 2);
     }

@@ -168,7 +168,11 @@ impl KvIndex {
     }
 
     pub fn state(&self, slot: u8) -> SlotState {
-        match self.states.get(slot as usize).map(|a| a.load(Ordering::Acquire)) {
+        match self
+            .states
+            .get(slot as usize)
+            .map(|a| a.load(Ordering::Acquire))
+        {
             Some(1) => SlotState::Syncing,
             Some(2) => SlotState::Live,
             Some(3) => SlotState::Refused,
@@ -305,7 +309,11 @@ mod tests {
         assert_ne!(a[1], b[1], "a block's key depends on what precedes it");
         assert_eq!(a, prompt_keys(&[1, 2, 3, 4, 5, 6, 7, 8], 4));
         let long: Vec<u32> = (0..200).collect();
-        assert_eq!(prompt_keys(&long, 100).len(), 2, "blocks beyond the stack buffer");
+        assert_eq!(
+            prompt_keys(&long, 100).len(),
+            2,
+            "blocks beyond the stack buffer"
+        );
     }
 
     #[test]
@@ -337,7 +345,9 @@ mod tests {
     #[test]
     fn slots_are_reused_and_bounded() {
         let ix = KvIndex::new(16);
-        let ids: Vec<Arc<str>> = (0..=MAX_WORKERS).map(|i| Arc::from(format!("w{i}"))).collect();
+        let ids: Vec<Arc<str>> = (0..=MAX_WORKERS)
+            .map(|i| Arc::from(format!("w{i}")))
+            .collect();
         for id in &ids[..MAX_WORKERS] {
             assert!(ix.claim(id).is_some());
         }

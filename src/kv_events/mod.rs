@@ -65,8 +65,7 @@ impl PoolKv {
     /// Whether `pc` can keep this state (same block size and settings);
     /// otherwise the registry builds a new one.
     pub fn fits(&self, pc: &PoolConfig) -> bool {
-        self.cfg == pc.kv_events
-            && self.tokenizer.is_some() == pc.tokenizer.is_some()
+        self.cfg == pc.kv_events && self.tokenizer.is_some() == pc.tokenizer.is_some()
     }
 
     /// Start a subscriber for each of `workers` with endpoints that has none (or

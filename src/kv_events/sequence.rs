@@ -9,7 +9,9 @@ pub enum Step {
     /// Already applied (it arrived again after a replay covered it).
     Duplicate,
     /// Messages `from..seq` never arrived: replay them first.
-    Gap { from: u64 },
+    Gap {
+        from: u64,
+    },
     /// The sequence went back without a replay to explain it: a new engine
     /// process (vLLM numbers from 0 at start). Forget the worker and resync.
     Reset,
@@ -63,7 +65,11 @@ mod tests {
     #[test]
     fn in_order_gap_duplicate_and_reset() {
         let mut s = Sequencer::default();
-        assert_eq!(s.on_live(5), Step::Apply, "the first message sets the start");
+        assert_eq!(
+            s.on_live(5),
+            Step::Apply,
+            "the first message sets the start"
+        );
         s.applied(5);
         assert_eq!(s.on_live(6), Step::Apply);
         s.applied(6);

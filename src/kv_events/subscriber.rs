@@ -59,7 +59,13 @@ impl Subscriber {
         gauge!(names::KV_INDEX_CAPACITY_BLOCKS, names::L_POOL => self.pool.to_string())
             .set(self.cfg.max_blocks_per_worker as f64);
         let blocks = WorkerBlocks::new(slot, self.cfg.block_size, self.cfg.max_blocks_per_worker);
-        let st = State { sub: self, slot, blocks, seq: Sequencer::default(), refused: false };
+        let st = State {
+            sub: self,
+            slot,
+            blocks,
+            seq: Sequencer::default(),
+            refused: false,
+        };
         let (pool, worker) = (st.sub.pool.clone(), st.sub.worker.clone());
         let st = Arc::new(tokio::sync::Mutex::new(st));
         let mut reason = "start";
@@ -68,7 +74,9 @@ impl Subscriber {
             // session in its own task, so such a panic only ends the session (the
             // lock is released while unwinding; the next session resyncs).
             let s = st.clone();
-            let session = AbortOnDrop(tokio::spawn(async move { s.lock().await.session(reason).await }));
+            let session = AbortOnDrop(tokio::spawn(
+                async move { s.lock().await.session(reason).await },
+            ));
             let why = match (&mut { session }.0).await {
                 Ok(Err(e)) => e,
                 Ok(Ok(())) => "session ended".into(),
@@ -111,7 +119,15 @@ impl State {
 
     fn count(&self, kind: &'static str, n: u64) {
         let l = self.labels();
-        counter!(names::KV_EVENTS_TOTAL, &[(l[0].0, l[0].1.clone()), (l[1].0, l[1].1.clone()), (names::L_KIND, kind.to_string())]).increment(n);
+        counter!(
+            names::KV_EVENTS_TOTAL,
+            &[
+                (l[0].0, l[0].1.clone()),
+                (l[1].0, l[1].1.clone()),
+                (names::L_KIND, kind.to_string())
+            ]
+        )
+        .increment(n);
     }
 
     fn set_state(&self, s: SlotState) {
@@ -148,15 +164,14 @@ impl State {
                     let m = m.map_err(|e| format!("receive: {e}"))?;
                     self.on_live(m, dealer.as_mut()).await?;
                 }
-                _ = tokio::time::sleep(self.sub.cfg.probe_interval) => match dealer.as_mut() {
-                    Some(d) => {
+                _ = tokio::time::sleep(self.sub.cfg.probe_interval) => {
+                    // Without a replay endpoint a quiet engine cannot be told
+                    // from a dead one (documented in docs/routing.md).
+                    if let Some(d) = dealer.as_mut() {
                         let from = self.seq.next().unwrap_or(0);
                         self.replay(d, from).await?;
                     }
-                    // Without a replay endpoint a quiet engine cannot be told
-                    // from a dead one (documented in docs/routing.md).
-                    None => {}
-                },
+                }
             }
         }
     }
@@ -166,12 +181,24 @@ impl State {
         self.blocks.clear(&self.sub.index);
         self.seq = Sequencer::default();
         let l = self.labels();
-        counter!(names::KV_RESYNCS_TOTAL, &[(l[0].0, l[0].1.clone()), (l[1].0, l[1].1.clone()), ("reason", reason.to_string())]).increment(1);
+        counter!(
+            names::KV_RESYNCS_TOTAL,
+            &[
+                (l[0].0, l[0].1.clone()),
+                (l[1].0, l[1].1.clone()),
+                ("reason", reason.to_string())
+            ]
+        )
+        .increment(1);
         self.publish_blocks();
     }
 
     /// Handle one live message `[topic, seq, payload]`.
-    async fn on_live(&mut self, m: ZmqMessage, dealer: Option<&mut DealerSocket>) -> Result<(), String> {
+    async fn on_live(
+        &mut self,
+        m: ZmqMessage,
+        dealer: Option<&mut DealerSocket>,
+    ) -> Result<(), String> {
         self.count("received", 1);
         let frames = m.into_vec();
         let (Some(seq), Some(payload)) = (frames.get(1).and_then(seq_of), frames.get(2)) else {
@@ -260,7 +287,15 @@ impl State {
                     total.over_capacity += a.over_capacity;
                     if a.cleared {
                         let l = self.labels();
-                        counter!(names::KV_RESYNCS_TOTAL, &[(l[0].0, l[0].1.clone()), (l[1].0, l[1].1.clone()), ("reason", "cleared".to_string())]).increment(1);
+                        counter!(
+                            names::KV_RESYNCS_TOTAL,
+                            &[
+                                (l[0].0, l[0].1.clone()),
+                                (l[1].0, l[1].1.clone()),
+                                ("reason", "cleared".to_string())
+                            ]
+                        )
+                        .increment(1);
                     }
                 }
                 Err(r) => {
@@ -271,9 +306,20 @@ impl State {
         }
         self.count("applied", 1);
         let l = self.labels();
-        for (reason, n) in [("unchained", total.unchained), ("over_capacity", total.over_capacity)] {
+        for (reason, n) in [
+            ("unchained", total.unchained),
+            ("over_capacity", total.over_capacity),
+        ] {
             if n > 0 {
-                counter!(names::KV_BLOCKS_SKIPPED_TOTAL, &[(l[0].0, l[0].1.clone()), (l[1].0, l[1].1.clone()), ("reason", reason.to_string())]).increment(n);
+                counter!(
+                    names::KV_BLOCKS_SKIPPED_TOTAL,
+                    &[
+                        (l[0].0, l[0].1.clone()),
+                        (l[1].0, l[1].1.clone()),
+                        ("reason", reason.to_string())
+                    ]
+                )
+                .increment(n);
             }
         }
         let now = std::time::SystemTime::now()
@@ -290,7 +336,15 @@ impl State {
         tracing::error!(pool = %self.sub.pool, worker = %self.sub.worker, problem = %r,
             "kv events: refusing precise routing for this pool; routing on the approximate prefix index");
         let l = self.labels();
-        counter!(names::KV_REFUSALS_TOTAL, &[(l[0].0, l[0].1.clone()), (l[1].0, l[1].1.clone()), ("reason", r.label().to_string())]).increment(1);
+        counter!(
+            names::KV_REFUSALS_TOTAL,
+            &[
+                (l[0].0, l[0].1.clone()),
+                (l[1].0, l[1].1.clone()),
+                ("reason", r.label().to_string())
+            ]
+        )
+        .increment(1);
         self.refused = true;
         self.blocks.clear(&self.sub.index);
         self.set_state(SlotState::Refused);
@@ -300,7 +354,15 @@ impl State {
     fn publish_blocks(&self) {
         let l = self.labels();
         for (t, n) in Tier::ALL.into_iter().zip(self.blocks.per_tier()) {
-            gauge!(names::KV_INDEX_BLOCKS, &[(l[0].0, l[0].1.clone()), (l[1].0, l[1].1.clone()), (names::L_MEDIUM, t.as_str().to_string())]).set(n as f64);
+            gauge!(
+                names::KV_INDEX_BLOCKS,
+                &[
+                    (l[0].0, l[0].1.clone()),
+                    (l[1].0, l[1].1.clone()),
+                    (names::L_MEDIUM, t.as_str().to_string())
+                ]
+            )
+            .set(n as f64);
         }
     }
 }

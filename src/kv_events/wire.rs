@@ -93,10 +93,20 @@ pub fn decode(payload: &[u8]) -> Result<Batch, String> {
     Ok(Batch { ts, events })
 }
 
-/// An event in either encoding, as named fields.
-struct Fields<'a> {
-    tag: &'a str,
-    get: Box<dyn Fn(&str) -> Option<&'a Value> + 'a>,
+/// An event in either encoding, read by field name.
+enum Fields<'a> {
+    /// Positional: the values after the tag, in `names` order.
+    Array(&'a [Value], &'static [&'static str]),
+    Map(&'a [(Value, Value)]),
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, k: &str) -> Option<&'a Value> {
+        match self {
+            Fields::Array(a, names) => a.get(names.iter().position(|n| *n == k)? + 1),
+            Fields::Map(m) => m.iter().find(|(n, _)| n.as_str() == Some(k)).map(|e| &e.1),
+        }
+    }
 }
 
 /// Positional field order of the array encoding, after the tag.
@@ -112,7 +122,8 @@ const STORED_FIELDS: &[&str] = &[
 ];
 const REMOVED_FIELDS: &[&str] = &["block_hashes", "medium"];
 
-fn fields(v: &Value) -> Result<Fields<'_>, String> {
+/// The event's tag and fields.
+fn fields(v: &Value) -> Result<(&str, Fields<'_>), String> {
     match v {
         Value::Array(a) => {
             let tag = a.first().and_then(Value::as_str).ok_or("no tag")?;
@@ -121,48 +132,42 @@ fn fields(v: &Value) -> Result<Fields<'_>, String> {
                 "BlockRemoved" => REMOVED_FIELDS,
                 _ => &[],
             };
-            Ok(Fields {
-                tag,
-                get: Box::new(move |k| {
-                    let i = names.iter().position(|n| *n == k)?;
-                    a.get(i + 1)
-                }),
-            })
+            Ok((tag, Fields::Array(a, names)))
         }
         Value::Map(m) => {
-            let field = |k: &str| m.iter().find(|(n, _)| n.as_str() == Some(k)).map(|e| &e.1);
-            let tag = field("type").and_then(Value::as_str).ok_or("no `type`")?;
-            Ok(Fields {
-                tag,
-                get: Box::new(move |k| m.iter().find(|(n, _)| n.as_str() == Some(k)).map(|e| &e.1)),
-            })
+            let f = Fields::Map(m);
+            let tag = f.get("type").and_then(Value::as_str).ok_or("no `type`")?;
+            Ok((tag, f))
         }
         _ => Err("expected an array or a map".into()),
     }
 }
 
 fn event(v: &Value) -> Result<Event, String> {
-    let f = fields(v)?;
-    let nil = |k: &str| (f.get)(k).is_none_or(Value::is_nil);
-    let medium = (f.get)("medium").and_then(Value::as_str);
-    match f.tag {
+    let (tag, f) = fields(v)?;
+    let nil = |k: &str| f.get(k).is_none_or(Value::is_nil);
+    let medium = f.get("medium").and_then(Value::as_str);
+    match tag {
         "BlockStored" => {
-            let block_hashes = hashes((f.get)("block_hashes"))?;
-            let parent = match (f.get)("parent_block_hash") {
+            let block_hashes = hashes(f.get("block_hashes"))?;
+            let parent = match f.get("parent_block_hash") {
                 None | Some(Value::Nil) => None,
                 Some(h) => Some(hash(h).ok_or("parent_block_hash: not a hash")?),
             };
-            let token_ids = (f.get)("token_ids")
+            let token_ids = f
+                .get("token_ids")
                 .and_then(Value::as_array)
                 .ok_or("token_ids: missing")?
                 .iter()
                 .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
                 .collect::<Option<Vec<u32>>>()
                 .ok_or("token_ids: not token ids")?;
-            let block_size = (f.get)("block_size")
+            let block_size = f
+                .get("block_size")
                 .and_then(Value::as_u64)
                 .ok_or("block_size: missing")? as usize;
-            let extra = (f.get)("extra_keys")
+            let extra = f
+                .get("extra_keys")
                 .and_then(Value::as_array)
                 .is_some_and(|a| a.iter().any(|x| !x.is_nil()));
             let salted = !nil("lora_id") || !nil("lora_name") || extra;
@@ -176,7 +181,7 @@ fn event(v: &Value) -> Result<Event, String> {
             })
         }
         "BlockRemoved" => Ok(Event::Removed {
-            block_hashes: hashes((f.get)("block_hashes"))?,
+            block_hashes: hashes(f.get("block_hashes"))?,
             tier: Tier::from_medium(medium),
         }),
         "AllBlocksCleared" => Ok(Event::AllCleared),
@@ -227,10 +232,18 @@ mod tests {
             Value::Nil,
             s("GPU"),
         ]);
-        let removed = Value::Array(vec![s("BlockRemoved"), Value::Array(vec![Value::from(7)]), s("CPU")]);
+        let removed = Value::Array(vec![
+            s("BlockRemoved"),
+            Value::Array(vec![Value::from(7)]),
+            s("CPU"),
+        ]);
         let batch = Value::Array(vec![
             Value::from(1.5),
-            Value::Array(vec![stored, removed, Value::Array(vec![s("AllBlocksCleared")])]),
+            Value::Array(vec![
+                stored,
+                removed,
+                Value::Array(vec![s("AllBlocksCleared")]),
+            ]),
         ]);
         let b = decode(&pack(batch)).unwrap();
         assert_eq!(b.ts, 1.5);
@@ -245,7 +258,10 @@ mod tests {
                     salted: false,
                     tier: Tier::Gpu
                 },
-                Event::Removed { block_hashes: vec![7], tier: Tier::Cpu },
+                Event::Removed {
+                    block_hashes: vec![7],
+                    tier: Tier::Cpu
+                },
                 Event::AllCleared,
             ]
         );
@@ -253,30 +269,52 @@ mod tests {
 
     #[test]
     fn decodes_the_map_encoding_and_ignores_new_fields() {
-        let map = |kv: Vec<(&str, Value)>| Value::Map(kv.into_iter().map(|(k, v)| (s(k), v)).collect());
+        let map =
+            |kv: Vec<(&str, Value)>| Value::Map(kv.into_iter().map(|(k, v)| (s(k), v)).collect());
         let stored = map(vec![
             ("type", s("BlockStored")),
             ("block_hashes", Value::Array(vec![Value::from(-3i64)])),
             ("parent_block_hash", Value::from(9)),
-            ("token_ids", Value::Array(vec![Value::from(5), Value::from(6)])),
+            (
+                "token_ids",
+                Value::Array(vec![Value::from(5), Value::from(6)]),
+            ),
             ("block_size", Value::from(2)),
             ("lora_id", Value::Nil),
             ("medium", Value::Nil),
             ("lora_name", s("adapter")),
             ("group_idx", Value::from(0)),
         ]);
-        let batch = Value::Array(vec![Value::from(2.0), Value::Array(vec![stored]), Value::from(0)]);
+        let batch = Value::Array(vec![
+            Value::from(2.0),
+            Value::Array(vec![stored]),
+            Value::from(0),
+        ]);
         let b = decode(&pack(batch)).unwrap();
-        let Event::Stored { block_hashes, parent, salted, tier, .. } = &b.events[0] else {
+        let Event::Stored {
+            block_hashes,
+            parent,
+            salted,
+            tier,
+            ..
+        } = &b.events[0]
+        else {
             panic!("{:?}", b.events)
         };
-        assert_eq!((block_hashes[0], *parent, *salted, *tier), ((-3i64) as u64, Some(9), true, Tier::Gpu));
+        assert_eq!(
+            (block_hashes[0], *parent, *salted, *tier),
+            ((-3i64) as u64, Some(9), true, Tier::Gpu)
+        );
     }
 
     #[test]
     fn rejects_garbage_with_a_reason() {
         assert!(decode(b"\xc1").is_err());
-        let e = decode(&pack(Value::Array(vec![Value::from(1.0), Value::Array(vec![Value::from(3)])]))).unwrap_err();
+        let e = decode(&pack(Value::Array(vec![
+            Value::from(1.0),
+            Value::Array(vec![Value::from(3)]),
+        ])))
+        .unwrap_err();
         assert!(e.starts_with("events[0]"), "{e}");
     }
 }

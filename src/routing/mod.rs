@@ -42,8 +42,8 @@ pub use split::WeightedSplit;
 
 use crate::api::inspect::Endpoint;
 use crate::api::RequestInfo;
-use crate::kv_events::PoolKv;
 use crate::config::{GlobalConfig, PolicyKind, PoolConfig, Residency};
+use crate::kv_events::PoolKv;
 use crate::pool::stats::now_ms;
 use crate::pool::Worker;
 use rand::RngCore;
@@ -321,16 +321,12 @@ pub fn build(ctx: &BuildContext<'_>) -> Box<dyn Policy> {
 pub fn needs_index(pool: &PoolConfig) -> bool {
     pool.routing.allow_policy_override
         || pool.policy == PolicyKind::Prefix
-        || pool
-            .routing
-            .scorers
-            .iter()
-            .any(|(k, _)| {
-                matches!(
-                    k,
-                    crate::config::ScorerKind::Prefix | crate::config::ScorerKind::PrecisePrefix
-                )
-            })
+        || pool.routing.scorers.iter().any(|(k, _)| {
+            matches!(
+                k,
+                crate::config::ScorerKind::Prefix | crate::config::ScorerKind::PrecisePrefix
+            )
+        })
 }
 
 #[cfg(test)]

@@ -14,9 +14,9 @@ use super::scorers::{self, Candidate, PickView, Prepared, Scorer};
 use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
 use crate::config::{PolicyKind, ScorerKind};
 use crate::kv_events::{self, PoolKv, MAX_WORKERS};
-use crate::tokenize::PromptTokenizer;
 use crate::pool::stats::Freshness;
 use crate::pool::Worker;
+use crate::tokenize::PromptTokenizer;
 use rand::{Rng, RngCore};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -163,7 +163,11 @@ impl Pipeline {
             .and_then(|kv| {
                 Some(Precise {
                     tokenizer: kv.tokenizer.clone()?,
-                    slots: ctx.workers.iter().map(|w| kv.index.slot_of(&w.id)).collect(),
+                    slots: ctx
+                        .workers
+                        .iter()
+                        .map(|w| kv.index.slot_of(&w.id))
+                        .collect(),
                     kv: kv.clone(),
                 })
             });

@@ -199,7 +199,11 @@ impl SimArgs {
         c.kv_events = match &self.kv_events {
             Some(ev) => Some(super::kv_events::KvEventsConfig {
                 events: offset_port(ev, i)?,
-                replay: self.kv_replay.as_deref().map(|r| offset_port(r, i)).transpose()?,
+                replay: self
+                    .kv_replay
+                    .as_deref()
+                    .map(|r| offset_port(r, i))
+                    .transpose()?,
                 topic: self.kv_topic.clone(),
                 format: self.kv_events_format,
                 drop: self.kv_drop_seqs.clone(),

@@ -126,7 +126,14 @@ impl KvCache {
 
     /// [`commit`](Self::commit), recording the block as stored when it entered
     /// the cache: `parent` is the previous block's hash, `tokens` the block's.
-    pub fn commit_block(&mut self, b: u32, h: u64, parent: Option<u64>, tokens: &[u32], salted: bool) {
+    pub fn commit_block(
+        &mut self,
+        b: u32,
+        h: u64,
+        parent: Option<u64>,
+        tokens: &[u32],
+        salted: bool,
+    ) {
         if self.commit(b, h) && self.events.is_some() {
             self.record(CacheEvent::Stored {
                 hash: h,
@@ -359,7 +366,12 @@ mod tests {
         assert_eq!(
             kv.take_events(),
             vec![
-                CacheEvent::Stored { hash: h[0], parent: None, tokens: vec![1, 2, 3, 4], salted: false },
+                CacheEvent::Stored {
+                    hash: h[0],
+                    parent: None,
+                    tokens: vec![1, 2, 3, 4],
+                    salted: false
+                },
                 CacheEvent::Removed { hash: h[0] },
             ]
         );

@@ -66,7 +66,16 @@ pub async fn start(cfg: KvEventsConfig) -> std::io::Result<(Bound, mpsc::Sender<
         router = Some(s);
     }
     let (tx, rx) = mpsc::channel(1024);
-    tokio::spawn(Publisher { cfg, publ, buffer: VecDeque::new(), held: Vec::new(), next: 0 }.run(rx, router));
+    tokio::spawn(
+        Publisher {
+            cfg,
+            publ,
+            buffer: VecDeque::new(),
+            held: Vec::new(),
+            next: 0,
+        }
+        .run(rx, router),
+    );
     Ok((Bound { events, replay }, tx))
 }
 
@@ -80,7 +89,11 @@ struct Publisher {
 }
 
 impl Publisher {
-    async fn run(mut self, mut rx: mpsc::Receiver<Vec<CacheEvent>>, mut router: Option<RouterSocket>) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Vec<CacheEvent>>,
+        mut router: Option<RouterSocket>,
+    ) {
         loop {
             tokio::select! {
                 batch = rx.recv() => match batch {
@@ -133,7 +146,9 @@ impl Publisher {
     /// Answer `[identity, "", start]` with the buffered batches from `start` on.
     async fn serve_replay(&mut self, r: &mut RouterSocket, req: ZmqMessage) {
         let frames = req.into_vec();
-        let (Some(id), Some(start)) = (frames.first(), frames.last()) else { return };
+        let (Some(id), Some(start)) = (frames.first(), frames.last()) else {
+            return;
+        };
         let Ok(start) = <[u8; 8]>::try_from(start.as_ref()).map(u64::from_be_bytes) else {
             tracing::warn!("sim: malformed KV replay request");
             return;
@@ -159,7 +174,10 @@ pub fn encode_batch(events: &[CacheEvent], block_size: usize, format: EventForma
     let ts = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
-    let evs = events.iter().map(|e| encode_event(e, block_size, format)).collect();
+    let evs = events
+        .iter()
+        .map(|e| encode_event(e, block_size, format))
+        .collect();
     let batch = Value::Array(vec![Value::from(ts), Value::Array(evs), Value::from(0)]);
     let mut out = Vec::new();
     // Writing to a Vec cannot fail.
@@ -169,12 +187,20 @@ pub fn encode_batch(events: &[CacheEvent], block_size: usize, format: EventForma
 
 fn encode_event(e: &CacheEvent, block_size: usize, format: EventFormat) -> Value {
     let (tag, fields): (&str, Vec<(&str, Value)>) = match e {
-        CacheEvent::Stored { hash, parent, tokens, salted } => (
+        CacheEvent::Stored {
+            hash,
+            parent,
+            tokens,
+            salted,
+        } => (
             "BlockStored",
             vec![
                 ("block_hashes", Value::Array(vec![Value::from(*hash)])),
                 ("parent_block_hash", parent.map_or(Value::Nil, Value::from)),
-                ("token_ids", Value::Array(tokens.iter().map(|&t| Value::from(t)).collect())),
+                (
+                    "token_ids",
+                    Value::Array(tokens.iter().map(|&t| Value::from(t)).collect()),
+                ),
                 ("block_size", Value::from(block_size)),
                 ("lora_id", Value::Nil),
                 ("medium", Value::from("GPU")),
@@ -199,9 +225,11 @@ fn encode_event(e: &CacheEvent, block_size: usize, format: EventFormat) -> Value
         ),
     };
     match format {
-        EventFormat::Array => {
-            Value::Array(std::iter::once(Value::from(tag)).chain(fields.into_iter().map(|f| f.1)).collect())
-        }
+        EventFormat::Array => Value::Array(
+            std::iter::once(Value::from(tag))
+                .chain(fields.into_iter().map(|f| f.1))
+                .collect(),
+        ),
         EventFormat::Map => Value::Map(
             std::iter::once(("type", Value::from(tag)))
                 .chain(fields)
@@ -216,7 +244,10 @@ fn encode_event(e: &CacheEvent, block_size: usize, format: EventFormat) -> Value
 pub fn parse_range(s: &str) -> Result<RangeInclusive<u64>, String> {
     let bad = || format!("expected a sequence number or a range A-B, got {s:?}");
     let (a, b) = s.split_once('-').unwrap_or((s, s));
-    let (a, b) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+    let (a, b) = (
+        a.trim().parse().map_err(|_| bad())?,
+        b.trim().parse().map_err(|_| bad())?,
+    );
     if a > b {
         return Err(bad());
     }
@@ -245,8 +276,12 @@ mod tests {
             assert_eq!(items.len(), 3);
             let ev = &items[1].as_array().unwrap()[0];
             match f {
-                EventFormat::Map => assert_eq!(ev.as_map().unwrap()[0].1.as_str(), Some("BlockRemoved")),
-                EventFormat::Array => assert_eq!(ev.as_array().unwrap()[0].as_str(), Some("BlockRemoved")),
+                EventFormat::Map => {
+                    assert_eq!(ev.as_map().unwrap()[0].1.as_str(), Some("BlockRemoved"))
+                }
+                EventFormat::Array => {
+                    assert_eq!(ev.as_array().unwrap()[0].as_str(), Some("BlockRemoved"))
+                }
             }
         }
     }

@@ -351,8 +351,12 @@ const CACHE_KINDS: [[&str; 6]; 2] = [
 fn cache_counter((pool, kind): &super::PoolKindKey) -> metrics::Counter {
     let (mode, kind) = kind.split_once(':').unwrap_or(("approximate", kind));
     match kind {
-        "predicted" => counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone(), names::L_MODE => mode),
-        "actual" => counter!(names::CACHE_ACTUAL_TOKENS_TOTAL, names::L_POOL => pool.clone(), names::L_MODE => mode),
+        "predicted" => {
+            counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone(), names::L_MODE => mode)
+        }
+        "actual" => {
+            counter!(names::CACHE_ACTUAL_TOKENS_TOTAL, names::L_POOL => pool.clone(), names::L_MODE => mode)
+        }
         result => counter!(
             names::CACHE_PREDICTIONS_TOTAL,
             names::L_POOL => pool.clone(),

@@ -15,12 +15,18 @@ use std::sync::Arc;
 pub trait PromptTokenizer: Send + Sync {
     /// The prompt tokens the engine would build from this request body (chat
     /// messages rendered through the model's chat template with the generation prompt).
-    fn prompt_tokens(&self, endpoint: crate::api::inspect::Endpoint, body: &[u8]) -> Result<std::sync::Arc<[u32]>, TokenizeError>;
+    fn prompt_tokens(
+        &self,
+        endpoint: crate::api::inspect::Endpoint,
+        body: &[u8],
+    ) -> Result<std::sync::Arc<[u32]>, TokenizeError>;
 }
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizeError {
-    #[error("{0}")] Unsupported(String),
-    #[error("{0}")] Invalid(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// The tokenizer a pool's `tokenizer` setting names.

@@ -37,8 +37,13 @@ mod tests {
     #[test]
     fn chat_matches_the_sims_template() {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi there"}]}"#;
-        let ids = SimTokenizer.prompt_tokens(Endpoint::ChatCompletions, body).unwrap();
-        assert_eq!(&ids[..], &crate::sim::tokenizer::encode_chat([("user", "hi there")])[..]);
+        let ids = SimTokenizer
+            .prompt_tokens(Endpoint::ChatCompletions, body)
+            .unwrap();
+        assert_eq!(
+            &ids[..],
+            &crate::sim::tokenizer::encode_chat([("user", "hi there")])[..]
+        );
         assert!(matches!(
             SimTokenizer.prompt_tokens(Endpoint::Embeddings, body),
             Err(TokenizeError::Unsupported(_))
