@@ -242,13 +242,13 @@ impl Pipeline {
 
     /// Per worker of the route, the prompt's blocks it holds by tier, when the
     /// pool's precise index speaks for every worker; `None` otherwise.
-    fn precise_lookup(&self, req: &RouteRequest<'_>) -> Option<(Box<kv_events::Depths>, usize)> {
+    fn precise_lookup(&self, req: &RouteRequest<'_>) -> Option<(kv_events::Depths, usize)> {
         let p = self.precise.as_ref()?;
         if !p.kv.index.covers(&p.slots) {
             return None;
         }
         let keys = self.prompt_keys(p, req)?;
-        let mut d = Box::new([[0u32; 3]; MAX_WORKERS]);
+        let mut d = [[0u32; 3]; MAX_WORKERS];
         p.kv.index.lookup(keys, &mut d);
         Some((d, keys.len()))
     }
