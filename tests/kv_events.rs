@@ -27,15 +27,21 @@ fn kv_cfg(port: u16, replay_port: u16) -> KvEventsConfig {
     }
 }
 
-async fn sim_with(port: u16, num_blocks: usize, kv: KvEventsConfig) -> SimHandle {
-    sim::spawn(SimConfig {
-        port,
+fn sim_config(num_blocks: usize, kv: KvEventsConfig) -> SimConfig {
+    SimConfig {
         time_scale: 50.0,
         model: MODEL.into(),
         num_blocks,
         max_model_len: 4096,
         kv_events: Some(kv),
         ..SimConfig::default()
+    }
+}
+
+async fn sim_with(port: u16, num_blocks: usize, kv: KvEventsConfig) -> SimHandle {
+    sim::spawn(SimConfig {
+        port,
+        ..sim_config(num_blocks, kv)
     })
     .await
     .expect("sim starts")
@@ -258,8 +264,21 @@ async fn an_engine_restart_clears_its_entries() {
     for s in probe {
         s.shutdown().await;
     }
-    // The same engine address comes back empty.
-    let again = sim_with(http_port, 4096, kv_cfg(ep, rp)).await;
+    // The same engine address comes back empty (once the old engine's sockets,
+    // closed by background tasks, have let go of the ports).
+    let again = eventually(
+        WAIT,
+        "the restarted engine binds its ports",
+        || async move {
+            sim::spawn(SimConfig {
+                port: http_port,
+                ..sim_config(4096, kv_cfg(ep, rp))
+            })
+            .await
+            .ok()
+        },
+    )
+    .await;
     eventually(WAIT, "entries cleared after the restart", || {
         let (gw, url) = (gw.url(), url.clone());
         async move {

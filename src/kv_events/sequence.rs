@@ -43,6 +43,14 @@ impl Sequencer {
         }
     }
 
+    /// A replay from the start found nothing: the engine has published nothing
+    /// yet, so its first message will be `seq` (vLLM numbers from 0).
+    pub fn expect(&mut self, seq: u64) {
+        if self.next.is_none() {
+            self.next = Some(seq);
+        }
+    }
+
     /// `seq` was applied (live or replayed).
     pub fn applied(&mut self, seq: u64) {
         self.next = Some(seq + 1);
@@ -83,5 +91,16 @@ mod tests {
         // ...but once past the replay, going back means a new engine.
         assert_eq!(s.on_live(0), Step::Reset);
         assert_eq!(s.next(), Some(11));
+    }
+
+    #[test]
+    fn an_empty_replay_at_start_expects_sequence_zero() {
+        let mut s = Sequencer::default();
+        s.expect(0);
+        // The engine's first messages were lost: fetch them.
+        assert_eq!(s.on_live(3), Step::Gap { from: 0 });
+        s.applied(3);
+        s.expect(0);
+        assert_eq!(s.next(), Some(4), "only before anything was applied");
     }
 }

@@ -154,6 +154,9 @@ impl State {
         self.resync(reason);
         if let Some(d) = dealer.as_mut() {
             self.replay(d, 0).await?;
+            // Nothing buffered: the engine has published nothing yet, so
+            // whatever comes first after sequence 0 is a gap to fetch.
+            self.seq.expect(0);
         }
         if !self.refused {
             self.set_state(SlotState::Live);
