@@ -69,6 +69,7 @@ fn setup(policy: &str, n: usize) -> Setup {
         index: Some(&index),
         global: &Default::default(),
         spill: None,
+        kv: None,
     });
     // Warm the index: 256 system prompts seen once each.
     for k in 0..256 {

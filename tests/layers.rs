@@ -14,13 +14,14 @@ const LAYERS: &[(&str, u8)] = &[
     ("telemetry", 1),
     ("upstream", 2),
     ("tokenize", 2),
-    ("pool", 3),
-    ("routing", 4),
-    ("tenancy", 4),
-    ("proxy", 5),
-    ("server", 6),
-    ("cli", 7),
-    ("demo", 7),
+    ("kv_events", 3),
+    ("pool", 4),
+    ("routing", 5),
+    ("tenancy", 5),
+    ("proxy", 6),
+    ("server", 7),
+    ("cli", 8),
+    ("demo", 8),
 ];
 
 /// Edges that still point up, to be removed by the request-path redesign. The

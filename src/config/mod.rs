@@ -11,6 +11,7 @@
 
 pub mod global;
 mod key;
+pub mod kv_events;
 pub mod observability;
 mod problems;
 mod raw;
@@ -19,6 +20,7 @@ mod resolve;
 mod secret;
 
 use key::Key;
+pub use kv_events::{KvEndpoints, KvEventsConfig, TokenizerConfig};
 use problems::Problems;
 pub use problems::Secrets;
 pub use secret::Secret;
@@ -566,6 +568,10 @@ pub struct PoolConfig {
     pub fallback: Vec<String>,
     pub lora_adapters: Vec<String>,
     pub kubernetes: Option<KubernetesConfig>,
+    /// How prompts are tokenized for the precise index; `None`: approximate only.
+    pub tokenizer: Option<TokenizerConfig>,
+    /// `[pools.kv_events]` (defaults when absent).
+    pub kv_events: KvEventsConfig,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -575,6 +581,8 @@ pub struct WorkerConfig {
     pub labels: BTreeMap<String, String>,
     /// USD per 1M tokens (prompt + output); 0 when not configured.
     pub price_per_mtok: f64,
+    /// The engine's KV-event endpoints, when it publishes them.
+    pub kv_events: Option<KvEndpoints>,
 }
 
 /// Every problem found in a configuration, each naming its key path.
@@ -1119,6 +1127,14 @@ fn validate_pool(
         fallback: rp.fallback,
         lora_adapters: rp.lora_adapters,
         kubernetes,
+        tokenizer: rp
+            .tokenizer
+            .and_then(|t| kv_events::validate_tokenizer(&key.field("tokenizer"), t, p)),
+        kv_events: kv_events::validate_kv_events(
+            &key.field("kv_events"),
+            rp.kv_events.unwrap_or_default(),
+            p,
+        ),
     };
     (pool, indices)
 }
@@ -1156,10 +1172,12 @@ fn validate_workers(
                 key.field("price_per_mtok")
             ));
         }
+        let kv_events = kv_events::validate_endpoints(&key, w.kv_events, w.kv_replay, p);
         workers.push(WorkerConfig {
             url,
             labels: w.labels,
             price_per_mtok: price,
+            kv_events,
         });
         indices.push(j);
     }

@@ -178,6 +178,10 @@ pub struct RawPool {
     /// `[pools.routing]`: settings of the routing policy and the stats poller.
     #[serde(default)]
     pub routing: RawRouting,
+    /// How prompts are tokenized for the precise (KV-event) index: `"sim"`.
+    pub tokenizer: Option<super::kv_events::RawTokenizer>,
+    /// `[pools.kv_events]`: the engines' KV-cache event streams.
+    pub kv_events: Option<super::kv_events::RawKvEvents>,
 }
 
 /// `[pools.routing]`. Units in the names; defaults and meaning in `config/mod.rs`
@@ -263,4 +267,8 @@ pub struct RawWorker {
     /// Price of this worker's tokens, USD per 1M tokens (prompt + output); the `cost`
     /// policy prefers cheaper workers. Default 0.
     pub price_per_mtok: Option<f64>,
+    /// The engine's KV-event publisher (ZeroMQ PUB), e.g. `tcp://host:5557`.
+    pub kv_events: Option<String>,
+    /// The engine's KV-event replay endpoint (ZeroMQ ROUTER), e.g. `tcp://host:5558`.
+    pub kv_replay: Option<String>,
 }

@@ -25,6 +25,7 @@ pub fn spawn_dns_discovery(registry: Arc<Registry>) {
                                 url: format!("http://{a}"),
                                 labels: dns.labels.clone(),
                                 price_per_mtok: 0.0,
+                                kv_events: None,
                             })
                             .collect();
                         registry.set_discovered_workers(&pool.name, "dns", workers);

@@ -155,6 +155,7 @@ pub fn pod_worker(pod: &Pod, cfg: &KubernetesConfig) -> Option<WorkerConfig> {
         url: format!("http://{}", SocketAddr::new(ip, port)),
         labels,
         price_per_mtok: 0.0,
+        kv_events: None,
     })
 }
 

@@ -5,6 +5,7 @@
 use super::admission::AdmissionQueue;
 use super::worker::{Worker, WorkerState};
 use crate::config::{Config, PolicyKind, PoolConfig, Residency, WorkerConfig};
+use crate::kv_events::PoolKv;
 use crate::routing::{self, Policy, PrefixIndex, SpillState, WeightedSplit};
 use crate::telemetry::{names, PairMetrics};
 use crate::upstream::retry_budget::RetryBudget;
@@ -211,9 +212,39 @@ pub struct Registry {
     queues: DashMap<String, Arc<AdmissionQueue>>,
     /// Locality spill state per pool name (hysteresis outlives rebuilds).
     spill: DashMap<String, Arc<SpillState>>,
+    /// KV-event subscribers and precise index per pool name (outlive rebuilds).
+    kv: DashMap<String, Arc<PoolKv>>,
 }
 
 impl Registry {
+    /// The pool's KV-event state (kept across rebuilds while its settings hold),
+    /// its subscribers synced with `workers`; `None` when no worker publishes events.
+    fn pool_kv(&self, pc: &PoolConfig, workers: &[Arc<Worker>]) -> Option<Arc<PoolKv>> {
+        let fresh = || PoolKv::new(pc).map(Arc::new);
+        let kv = match self.kv.get(&pc.name).map(|k| k.clone()) {
+            Some(k) if k.fits(pc) => k,
+            _ => match fresh() {
+                Some(k) => {
+                    self.kv.insert(pc.name.clone(), k.clone());
+                    k
+                }
+                None => {
+                    self.kv.remove(&pc.name);
+                    return None;
+                }
+            },
+        };
+        let with_events: Vec<_> = workers
+            .iter()
+            .filter_map(|w| {
+                let wc = pc.workers.iter().find(|wc| *wc.url == *w.id)?;
+                Some((w.id.clone(), wc.kv_events.clone()?))
+            })
+            .collect();
+        kv.sync(&pc.name, &with_events);
+        Some(kv)
+    }
+
     pub fn new(config: Config) -> Arc<Registry> {
         let config = Arc::new(config);
         let reg = Registry {
@@ -232,6 +263,7 @@ impl Registry {
             budgets: DashMap::new(),
             queues: DashMap::new(),
             spill: DashMap::new(),
+            kv: DashMap::new(),
         };
         reg.rebuild();
         Arc::new(reg)
@@ -316,6 +348,8 @@ impl Registry {
     /// Rebuild the snapshot from the config and the discovered models.
     pub fn rebuild(&self) {
         let config = self.config.load_full();
+        self.kv
+            .retain(|name, _| config.pools.iter().any(|pc| pc.name == *name));
         let mut pools = Vec::new();
         let mut routes: HashMap<String, Arc<ModelRoute>> = HashMap::new();
         let mut by_pool: HashMap<String, Arc<ModelRoute>> = HashMap::new();
@@ -376,6 +410,7 @@ impl Registry {
                 ix.set_workers(&workers.iter().map(|w| w.id.clone()).collect::<Vec<_>>());
                 ix
             });
+            let kv = self.pool_kv(pc, &workers);
             let retry_budget = self
                 .budgets
                 .entry(pc.name.clone())
@@ -452,6 +487,7 @@ impl Registry {
                         index: prefix_index.as_ref(),
                         global: &config.global,
                         spill: spill.as_ref(),
+                        kv: kv.as_ref(),
                     })
                 };
                 let overrides = if pc.routing.allow_policy_override {

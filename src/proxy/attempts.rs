@@ -67,6 +67,8 @@ enum Settled {
 /// What `begin` learned about the chosen worker for the rest of the attempt.
 struct Pick {
     predicted: Option<u64>,
+    /// `predicted` came from the precise (KV-event) index.
+    precise: bool,
     est_cost: Option<f64>,
     size: crate::pool::RequestSize,
 }
@@ -239,6 +241,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
         }
         Pick {
             predicted,
+            precise: self.rreq.predicted_precisely(),
             est_cost,
             size: ctx.size(predicted.unwrap_or(0)),
         }
@@ -302,6 +305,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
             reason: decision.reason,
             prefill: None,
             est_cost_usd: pick.est_cost,
+            precise: pick.precise,
         };
         respond(self.ctx, resp, note, pick.predicted, guard, self.deadline)
     }

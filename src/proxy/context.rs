@@ -64,6 +64,7 @@ impl RequestTags {
         policy: &'static str,
         reason: &'static str,
         predicted_cached_tokens: Option<u64>,
+        precise: bool,
     ) -> RouteTags {
         let region = worker
             .labels
@@ -77,6 +78,7 @@ impl RequestTags {
             policy,
             reason,
             predicted_cached_tokens,
+            precise,
         }
     }
 

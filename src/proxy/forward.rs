@@ -42,6 +42,8 @@ pub(crate) struct RouteNote<'a> {
     /// The prefill worker of a disaggregated request.
     pub prefill: Option<&'a str>,
     pub est_cost_usd: Option<f64>,
+    /// The cache prediction came from the engines' KV events (precise index).
+    pub precise: bool,
 }
 
 impl RouteNote<'_> {
@@ -82,6 +84,7 @@ impl ForwardContext<'_> {
                 .and_then(|v| v.to_str().ok()),
         )
         .with_residency(self.residency)
+        .with_body(self.endpoint, &self.body)
     }
 
     /// Does this request go upstream as a chat completion (a Messages request
@@ -481,6 +484,7 @@ pub(crate) fn respond(
         note.policy,
         note.reason.as_str(),
         predicted,
+        note.precise,
     );
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);

@@ -40,8 +40,10 @@ pub use region::{
 };
 pub use split::WeightedSplit;
 
+use crate::api::inspect::Endpoint;
 use crate::api::RequestInfo;
 use crate::config::{GlobalConfig, PolicyKind, PoolConfig, Residency};
+use crate::kv_events::PoolKv;
 use crate::pool::stats::now_ms;
 use crate::pool::Worker;
 use rand::RngCore;
@@ -137,7 +139,14 @@ pub struct RouteRequest<'a> {
     /// The regions the request may be served in (tenant and/or header); `None`:
     /// anywhere.
     pub residency: Option<&'a Residency>,
+    /// The endpoint and body, for policies that tokenize the prompt.
+    pub body: Option<(Endpoint, &'a [u8])>,
     blocks: OnceLock<Vec<u64>>,
+    /// The precise index's block keys of the prompt tokens (`None`: the prompt
+    /// could not be tokenized).
+    prompt_keys: OnceLock<Option<Vec<u64>>>,
+    /// The last cache prediction came from the precise index.
+    precise: std::sync::atomic::AtomicBool,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -146,8 +155,32 @@ impl<'a> RouteRequest<'a> {
             info,
             session,
             residency: None,
+            body: None,
             blocks: OnceLock::new(),
+            prompt_keys: OnceLock::new(),
+            precise: Default::default(),
         }
+    }
+
+    /// Whether the last [`Policy::predicted_cached_tokens`] for this request
+    /// came from the engines' KV events (the precise index).
+    pub fn predicted_precisely(&self) -> bool {
+        self.precise.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_predicted_precisely(&self, v: bool) {
+        self.precise.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The same request with its endpoint and body (to tokenize the prompt).
+    pub fn with_body(mut self, endpoint: Endpoint, body: &'a [u8]) -> RouteRequest<'a> {
+        self.body = Some((endpoint, body));
+        self
+    }
+
+    /// The precise index's keys of the prompt, computed on first use.
+    pub fn prompt_keys(&self, f: impl FnOnce() -> Option<Vec<u64>>) -> Option<&[u64]> {
+        self.prompt_keys.get_or_init(f).as_deref()
     }
 
     /// The same request restricted to `residency`.
@@ -244,6 +277,7 @@ pub(crate) fn build_for_test<T>(
         index: Some(&index),
         global: &Default::default(),
         spill: None,
+        kv: None,
     });
     (workers, built)
 }
@@ -263,6 +297,8 @@ pub struct BuildContext<'a> {
     /// The pool's locality state (kept by the registry across rebuilds); locality
     /// tiers are used only with it and a gateway region.
     pub spill: Option<&'a Arc<SpillState>>,
+    /// The pool's precise (KV-event) index and tokenizer, when its engines publish events.
+    pub kv: Option<&'a Arc<PoolKv>>,
 }
 
 /// Instantiate a route's policy: the pool's policy, wrapped in the residency

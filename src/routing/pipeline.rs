@@ -13,8 +13,10 @@ use super::prefix_index::{PrefixIndex, REPLICAS};
 use super::scorers::{self, Candidate, PickView, Prepared, Scorer};
 use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
 use crate::config::{PolicyKind, ScorerName};
+use crate::kv_events::{self, PoolKv, MAX_WORKERS};
 use crate::pool::stats::Freshness;
 use crate::pool::Worker;
+use crate::tokenize::PromptTokenizer;
 use rand::{Rng, RngCore};
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -78,6 +80,17 @@ pub struct Pipeline {
     /// Slot → worker index (`u32::MAX` = not in this route).
     slot_to_index: Vec<u32>,
     pub(super) index: Option<Arc<PrefixIndex>>,
+    /// The pool's precise index, when a scorer reads it and the pool has one
+    /// with a tokenizer.
+    precise: Option<Precise>,
+}
+
+/// What a pipeline needs to look a prompt up in the pool's precise index.
+struct Precise {
+    kv: Arc<PoolKv>,
+    tokenizer: Arc<dyn PromptTokenizer>,
+    /// Per worker: its slot in the index.
+    slots: Vec<Option<u8>>,
 }
 
 /// One request in flight counts as this many prompt tokens of wait: a sequence
@@ -154,6 +167,20 @@ impl Pipeline {
     pub fn with_scorers(ctx: &BuildContext<'_>, scorers: Vec<(Box<dyn Scorer>, f64)>) -> Pipeline {
         let r = &ctx.pool.routing;
         let uses_prefix = scorers.iter().any(|(s, _)| s.uses_prefix());
+        let precise = ctx
+            .kv
+            .filter(|_| scorers.iter().any(|(s, _)| s.uses_precise()))
+            .and_then(|kv| {
+                Some(Precise {
+                    tokenizer: kv.tokenizer.clone()?,
+                    slots: ctx
+                        .workers
+                        .iter()
+                        .map(|w| kv.index.slot_of(&w.id))
+                        .collect(),
+                    kv: kv.clone(),
+                })
+            });
         let index = ctx.index.filter(|_| uses_prefix).cloned();
         let slots = match &index {
             Some(ix) => {
@@ -210,7 +237,49 @@ impl Pipeline {
             slots,
             slot_to_index,
             index,
+            precise,
         }
+    }
+
+    /// The precise index's keys of the request's prompt (`None`: not tokenized).
+    fn prompt_keys<'r>(&self, p: &Precise, req: &'r RouteRequest<'_>) -> Option<&'r [u64]> {
+        req.prompt_keys(|| {
+            let (endpoint, body) = req.body?;
+            let tokens = p.tokenizer.prompt_tokens(endpoint, body).ok()?;
+            Some(kv_events::prompt_keys(&tokens, p.kv.index.block_size()))
+        })
+    }
+
+    /// Per worker of the route, the prompt's blocks it holds by tier, when the
+    /// pool's precise index speaks for every worker; `None` otherwise.
+    fn precise_lookup(&self, req: &RouteRequest<'_>) -> Option<(kv_events::Depths, usize)> {
+        let p = self.precise.as_ref()?;
+        if !p.kv.index.covers(&p.slots) {
+            return None;
+        }
+        let keys = self.prompt_keys(p, req)?;
+        let mut d = [[0u32; 3]; MAX_WORKERS];
+        p.kv.index.lookup(keys, &mut d);
+        Some((d, keys.len()))
+    }
+
+    /// Set each candidate's precise share; whether precise mode applies, and the
+    /// largest share.
+    fn precise_depths(&self, req: &RouteRequest<'_>, cands: &mut [Candidate]) -> (bool, f64) {
+        let (Some(p), Some((d, n))) = (&self.precise, self.precise_lookup(req)) else {
+            return (false, 0.0);
+        };
+        let mut max = 0.0f64;
+        for c in cands.iter_mut() {
+            let Some(Some(slot)) = p.slots.get(c.i) else {
+                continue;
+            };
+            let row = &d[*slot as usize];
+            c.precise_blocks = row[2];
+            c.precise = kv_events::weighted_blocks(row, &p.kv.tier_weights) / n.max(1) as f64;
+            max = max.max(c.precise);
+        }
+        (true, max)
     }
 
     fn blocks<'r>(&self, req: &'r RouteRequest<'_>) -> &'r [u64] {
@@ -336,6 +405,13 @@ impl super::Policy for Pipeline {
     }
 
     fn predicted_cached_tokens(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<u64> {
+        let precise = self.precise.as_ref().zip(self.precise_lookup(req));
+        req.set_predicted_precisely(precise.is_some());
+        if let Some((p, (depths, _))) = precise {
+            let slot = (*p.slots.get(d.index)?)?;
+            let blocks = depths[slot as usize][2];
+            return Some(u64::from(blocks) * p.kv.index.block_size() as u64);
+        }
         let ix = self.index.as_ref()?;
         let blocks = self.blocks(req);
         let slot = *self.slots.get(d.index)?;
@@ -387,6 +463,7 @@ impl Pipeline {
         };
         let key = self.tie_key(req, blocks);
         let max_depth = self.prefix_depths(blocks, cands);
+        let (precise, max_precise) = self.precise_depths(req, cands);
         let view = PickView {
             req,
             workers,
@@ -394,6 +471,8 @@ impl Pipeline {
             max_wait: cands.iter().map(|c| c.wait).fold(0.0, f64::max),
             n_blocks: blocks.len(),
             max_depth,
+            precise,
+            max_precise,
             key,
         };
         Some(view)

@@ -614,6 +614,7 @@ eu = ["eu-west", "eu-central"]
             index: None,
             global: &config.global,
             spill: Some(&spill),
+            kv: None,
         };
         // The policy alone (no regions: not wrapped), then wrapped explicitly.
         let inner = build(&BuildContext {

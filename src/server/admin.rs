@@ -164,6 +164,7 @@ async fn add(State(gw): State<Arc<Gateway>>, body: Json<AddWorker>) -> Response 
         url: url.clone(),
         labels: body.labels.clone(),
         price_per_mtok: 0.0,
+        kv_events: None,
     };
     match gw.registry.add_worker(&body.pool, wc) {
         Ok(()) => (

@@ -471,6 +471,48 @@ fn prompt_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
     }
 }
 
+/// The prompt's token ids and the last user message (which picks a forced tool).
+fn request_tokens(kind: Kind, v: &Value) -> Result<(Vec<u32>, String), ApiError> {
+    Ok(match kind {
+        Kind::Chat => {
+            let m = chat_messages(v)?;
+            (encode_messages(&m, v.get("tools")), last_user(&m))
+        }
+        Kind::Completion => (prompt_tokens(v)?, String::new()),
+        Kind::Responses => {
+            let m = responses::messages(v)?;
+            (encode_messages(&m, v.get("tools")), last_user(&m))
+        }
+        Kind::Messages => {
+            let m = messages::messages(v)?;
+            let (tools, _) = messages::chat_tools(v);
+            (encode_messages(&m, tools.as_ref()), last_user(&m))
+        }
+    })
+}
+
+/// Which endpoint a body was sent to, for [`prompt_token_ids`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptKind {
+    Chat,
+    Completion,
+    Responses,
+}
+
+/// The prompt token ids this engine computes for a request body: what the
+/// gateway's `tokenizer = "sim"` uses, so both tokenize identically.
+pub fn prompt_token_ids(kind: PromptKind, body: &[u8]) -> Result<Vec<u32>, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let kind = match kind {
+        PromptKind::Chat => Kind::Chat,
+        PromptKind::Completion => Kind::Completion,
+        PromptKind::Responses => Kind::Responses,
+    };
+    request_tokens(kind, &v)
+        .map(|(t, _)| t)
+        .map_err(|e| e.message)
+}
+
 /// `n` (and `best_of` for completions): sequences returned and generated.
 fn choices(kind: Kind, c: &Common) -> Result<(usize, usize), ApiError> {
     let n = match kind {
@@ -517,23 +559,13 @@ impl Gen {
         let model = check_model(s, c.model.clone())?;
         let mut echo = Map::new();
         let mut tool_spec = (v.get("tools").cloned(), v.get("tool_choice").cloned());
-        let (tokens, hint) = match kind {
-            Kind::Chat => {
-                let m = chat_messages(&v)?;
-                (encode_messages(&m, v.get("tools")), last_user(&m))
-            }
-            Kind::Completion => (prompt_tokens(&v)?, String::new()),
-            Kind::Responses => {
-                let m = responses::messages(&v)?;
-                echo = responses::echo(&v);
-                (encode_messages(&m, v.get("tools")), last_user(&m))
-            }
-            Kind::Messages => {
-                let m = messages::messages(&v)?;
-                tool_spec = messages::chat_tools(&v);
-                (encode_messages(&m, tool_spec.0.as_ref()), last_user(&m))
-            }
-        };
+        if kind == Kind::Messages {
+            tool_spec = messages::chat_tools(&v);
+        }
+        let (tokens, hint) = request_tokens(kind, &v)?;
+        if kind == Kind::Responses {
+            echo = responses::echo(&v);
+        }
         if tokens.is_empty() {
             return Err(bad("prompt: must not be empty"));
         }

@@ -110,6 +110,26 @@ pub struct SimArgs {
     /// An x-sim-fault value applied to every request (e.g. 503, slow:200).
     #[arg(long)]
     pub fault: Option<String>,
+    /// Publish KV-cache events (ZeroMQ PUB) on this endpoint, e.g. tcp://127.0.0.1:5557
+    /// (port 0: ephemeral; worker i of several adds i to a fixed port, like vLLM's
+    /// data-parallel ranks).
+    #[arg(long)]
+    pub kv_events: Option<String>,
+    /// Answer KV-event replay requests (ZeroMQ ROUTER) on this endpoint.
+    #[arg(long, requires = "kv_events")]
+    pub kv_replay: Option<String>,
+    /// Topic of the KV-event messages.
+    #[arg(long, default_value = "kv-events")]
+    pub kv_topic: String,
+    /// Encoding of each KV event inside a batch.
+    #[arg(long, value_enum, default_value = "map")]
+    pub kv_events_format: super::kv_events::EventFormat,
+    /// Do not send these live KV-event sequence numbers (A-B or A); replay still has them.
+    #[arg(long, value_parser = super::kv_events::parse_range)]
+    pub kv_drop_seqs: Option<std::ops::RangeInclusive<u64>>,
+    /// Hold these live KV-event sequence numbers back and send them in reverse order.
+    #[arg(long, value_parser = super::kv_events::parse_range)]
+    pub kv_reorder_seqs: Option<std::ops::RangeInclusive<u64>>,
 }
 
 impl SimArgs {
@@ -176,9 +196,42 @@ impl SimArgs {
             spike_ms: self.spike_ms,
             always: self.fault.clone(),
         };
+        c.kv_events = match &self.kv_events {
+            Some(ev) => Some(super::kv_events::KvEventsConfig {
+                events: offset_port(ev, i)?,
+                replay: self
+                    .kv_replay
+                    .as_deref()
+                    .map(|r| offset_port(r, i))
+                    .transpose()?,
+                topic: self.kv_topic.clone(),
+                format: self.kv_events_format,
+                drop: self.kv_drop_seqs.clone(),
+                reorder: self.kv_reorder_seqs.clone(),
+                block_size: c.block_size,
+            }),
+            None => None,
+        };
         c.validate().map_err(anyhow::Error::msg)?;
         Ok(c)
     }
+}
+
+/// `tcp://HOST:PORT` with `i` added to a non-zero port.
+fn offset_port(endpoint: &str, i: usize) -> anyhow::Result<String> {
+    let (base, port) = endpoint
+        .rsplit_once(':')
+        .with_context(|| format!("{endpoint:?}: expected tcp://HOST:PORT"))?;
+    let port: u16 = port
+        .parse()
+        .with_context(|| format!("{endpoint:?}: expected tcp://HOST:PORT"))?;
+    if port == 0 {
+        return Ok(endpoint.to_string());
+    }
+    let port = port
+        .checked_add(i as u16)
+        .context("KV event port + worker index exceeds 65535")?;
+    Ok(format!("{base}:{port}"))
 }
 
 /// CLI entry: spawn the engines, print one `switchyard-sim ready ...` line per
@@ -194,7 +247,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("starting sim worker {i} on {}:{}", cfg.host, cfg.port))?;
         let mut out = std::io::stdout().lock();
-        writeln!(
+        write!(
             out,
             "switchyard-sim ready url={} model={} engine={} role={}",
             h.url(),
@@ -202,6 +255,13 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             cfg.engine.as_str(),
             cfg.role.as_str()
         )?;
+        if let Some(kv) = h.kv_endpoints() {
+            write!(out, " kv_events={}", kv.events)?;
+            if let Some(r) = &kv.replay {
+                write!(out, " kv_replay={r}")?;
+            }
+        }
+        writeln!(out)?;
         out.flush()?;
         handles.push(h);
     }

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::kv::{self, KvCache};
+use super::kv::{self, CacheEvent, KvCache};
 use super::metrics::Stats;
 use super::tokenizer::token_id;
 use super::SimConfig;
@@ -212,6 +212,8 @@ struct Seq {
     blocks: Vec<u32>,
     hashes: Vec<u64>,
     root: u64,
+    /// Its blocks are salted (`cache_salt`).
+    salted: bool,
     rng: SmallRng,
     sentence_start: bool,
     comma_ok: bool,
@@ -284,9 +286,17 @@ fn cache_ahead(kv: &mut KvCache, s: &Seq, bs: usize) {
     }
     let upto = (s.computed + s.scheduled).min(s.prompt_len) / bs;
     for b in s.computed / bs..upto {
-        if let (Some(&blk), Some(&h)) = (s.blocks.get(b), s.hashes.get(b)) {
-            kv.commit(blk, h);
-        }
+        commit(kv, s, b, bs);
+    }
+}
+
+/// Enter sequence `s`'s full block `b` into the prefix cache (recorded as
+/// stored, with its parent and tokens, when the engine publishes KV events).
+fn commit(kv: &mut KvCache, s: &Seq, b: usize, bs: usize) {
+    if let (Some(&blk), Some(&h)) = (s.blocks.get(b), s.hashes.get(b)) {
+        let parent = b.checked_sub(1).and_then(|p| s.hashes.get(p).copied());
+        let tokens = &s.tokens[b * bs..(b + 1) * bs];
+        kv.commit_block(blk, h, parent, tokens, s.salted);
     }
 }
 
@@ -299,6 +309,8 @@ pub struct Engine {
     rx: mpsc::Receiver<Submit>,
     stats: Arc<Stats>,
     deadline: Instant,
+    /// Where the KV events of each step go, when the engine publishes them.
+    kv_events: Option<mpsc::Sender<Vec<CacheEvent>>>,
 }
 
 impl Engine {
@@ -312,11 +324,36 @@ impl Engine {
             rx,
             stats,
             deadline: Instant::now(),
+            kv_events: None,
+        }
+    }
+
+    /// Publish the prefix cache's events to `tx` (one batch per step).
+    pub fn with_kv_events(mut self, tx: mpsc::Sender<Vec<CacheEvent>>) -> Self {
+        self.kv.record_events();
+        self.kv_events = Some(tx);
+        self
+    }
+
+    /// Hand the step's KV events to the publisher (dropped, with a log line, if
+    /// it has fallen a whole queue behind).
+    fn flush_kv_events(&mut self) {
+        let Some(tx) = &self.kv_events else { return };
+        let events = self.kv.take_events();
+        if events.is_empty() {
+            return;
+        }
+        match tx.try_send(events) {
+            Ok(()) => {
+                self.stats.kv_event_batches.fetch_add(1, Relaxed);
+            }
+            Err(_) => tracing::warn!("sim: KV event publisher behind; events dropped"),
         }
     }
 
     fn admit(&mut self, s: Submit) {
         let root = kv::root_hash(&self.p.model, s.salt.as_deref());
+        let salted = s.salt.is_some();
         let mut key = Vec::with_capacity(s.tokens.len() * 4);
         for t in &s.tokens {
             key.extend_from_slice(&t.to_le_bytes());
@@ -348,6 +385,7 @@ impl Engine {
             blocks: Vec::new(),
             hashes,
             root,
+            salted,
             rng,
             sentence_start: true,
             comma_ok: true,
@@ -549,9 +587,7 @@ impl Engine {
             s.scheduled = 0;
             kv::extend_hashes(s.root, &mut s.hashes, &s.tokens[..s.computed], bs);
             for b in before..s.computed / bs {
-                if let (Some(&blk), Some(&h)) = (s.blocks.get(b), s.hashes.get(b)) {
-                    self.kv.commit(blk, h);
-                }
+                commit(&mut self.kv, s, b, bs);
             }
             if s.computed < s.tokens.len() {
                 i += 1;
@@ -614,7 +650,8 @@ impl Engine {
         emitted
     }
 
-    fn publish(&self, now: Instant) {
+    fn publish(&mut self, now: Instant) {
+        self.flush_kv_events();
         let transferring = self.running.iter().filter(|s| s.transferring(now)).count();
         self.stats
             .running
@@ -695,6 +732,7 @@ impl Engine {
             tokio::time::sleep_until(self.deadline).await;
             let done_at = Instant::now();
             let emitted = self.complete(done_at);
+            self.flush_kv_events();
             let tput = if ms > 0.0 {
                 emitted as f64 / (ms / 1000.0)
             } else {

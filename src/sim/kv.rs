@@ -46,6 +46,26 @@ pub fn extend_hashes(root: u64, hashes: &mut Vec<u64>, tokens: &[u32], block_siz
     }
 }
 
+/// A change to the prefix cache, as the engine publishes it (`sim/kv_events.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// A full block entered the prefix cache: its hash, its parent's (`None` for
+    /// a prompt's first block), its tokens, and whether it is salted beyond its
+    /// tokens (a `cache_salt` request's blocks).
+    Stored {
+        hash: u64,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        salted: bool,
+    },
+    /// A cached block was evicted.
+    Removed { hash: u64 },
+}
+
+/// Most events kept between two drains; beyond, the oldest are dropped (the
+/// publisher drains after every step).
+const MAX_PENDING_EVENTS: usize = 1 << 16;
+
 #[derive(Debug)]
 pub struct KvCache {
     block_size: usize,
@@ -59,6 +79,8 @@ pub struct KvCache {
     free: usize,
     cached: HashMap<u64, u32>,
     prefix_caching: bool,
+    /// Recorded events, when publishing is on.
+    events: Option<Vec<CacheEvent>>,
 }
 
 impl KvCache {
@@ -75,11 +97,51 @@ impl KvCache {
             free: 0,
             cached: HashMap::new(),
             prefix_caching,
+            events: None,
         };
         for b in 0..n as u32 {
             kv.push_back(b);
         }
         kv
+    }
+
+    /// Record [`CacheEvent`]s from now on.
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events recorded since the last call.
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn record(&mut self, e: CacheEvent) {
+        if let Some(v) = &mut self.events {
+            if v.len() >= MAX_PENDING_EVENTS {
+                v.remove(0);
+            }
+            v.push(e);
+        }
+    }
+
+    /// [`commit`](Self::commit), recording the block as stored when it entered
+    /// the cache: `parent` is the previous block's hash, `tokens` the block's.
+    pub fn commit_block(
+        &mut self,
+        b: u32,
+        h: u64,
+        parent: Option<u64>,
+        tokens: &[u32],
+        salted: bool,
+    ) {
+        if self.commit(b, h) && self.events.is_some() {
+            self.record(CacheEvent::Stored {
+                hash: h,
+                parent,
+                tokens: tokens.to_vec(),
+                salted,
+            });
+        }
     }
 
     pub fn num_blocks(&self) -> usize {
@@ -189,6 +251,7 @@ impl KvCache {
             if let Some(h) = self.hash[b as usize].take() {
                 if self.cached.get(&h) == Some(&b) {
                     self.cached.remove(&h);
+                    self.record(CacheEvent::Removed { hash: h });
                 }
             }
             self.ref_cnt[b as usize] = 1;
@@ -197,15 +260,18 @@ impl KvCache {
         Some(out)
     }
 
-    /// Record that block `b` is full and holds the prefix identified by `h`.
-    pub fn commit(&mut self, b: u32, h: u64) {
+    /// Record that block `b` is full and holds the prefix identified by `h`;
+    /// whether the prefix entered the cache (it was not cached already).
+    pub fn commit(&mut self, b: u32, h: u64) -> bool {
         if !self.prefix_caching || self.hash[b as usize].is_some() {
-            return;
+            return false;
         }
         if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(h) {
             e.insert(b);
             self.hash[b as usize] = Some(h);
+            return true;
         }
+        false
     }
 
     /// Drop one reference on each block. Tail blocks become evictable before
@@ -285,6 +351,31 @@ mod tests {
         assert_eq!(kv.allocate(1).map(|v| v.len()), Some(1));
         assert!(kv.allocate(1).is_none());
         assert_eq!(kv.lookup(&h, 1), hit);
+    }
+
+    #[test]
+    fn records_stored_and_evicted_blocks() {
+        let mut kv = KvCache::new(1, 4, true);
+        kv.record_events();
+        let h = hashes(&[1, 2, 3, 4], 4);
+        let b = kv.allocate(1).unwrap();
+        kv.commit_block(b[0], h[0], None, &[1, 2, 3, 4], false);
+        kv.commit_block(b[0], h[0], None, &[1, 2, 3, 4], false);
+        kv.release(&b);
+        kv.allocate(1).unwrap();
+        assert_eq!(
+            kv.take_events(),
+            vec![
+                CacheEvent::Stored {
+                    hash: h[0],
+                    parent: None,
+                    tokens: vec![1, 2, 3, 4],
+                    salted: false
+                },
+                CacheEvent::Removed { hash: h[0] },
+            ]
+        );
+        assert!(kv.take_events().is_empty());
     }
 
     #[test]

@@ -78,6 +78,8 @@ pub struct Stats {
     pub finished_abort: AtomicU64,
     pub preemptions: AtomicU64,
     pub requests_received: AtomicU64,
+    /// KV-event batches handed to the publisher (`--kv-events`).
+    pub kv_event_batches: AtomicU64,
     /// Generated tokens per (simulated) second over the last step, f64 bits.
     pub gen_throughput_bits: AtomicU64,
     pub ttft: Histogram,
@@ -103,6 +105,7 @@ impl Stats {
             finished_abort: z(),
             preemptions: z(),
             requests_received: z(),
+            kv_event_batches: z(),
             gen_throughput_bits: AtomicU64::new(0f64.to_bits()),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
@@ -385,6 +388,12 @@ pub fn render(kind: EngineKind, model: &str, s: &Stats) -> String {
         "counter",
         "Requests that arrived at a generation endpoint, faulted ones included.",
         g(&s.requests_received),
+    );
+    o.scalar(
+        "sim_kv_event_batches_total",
+        "counter",
+        "KV-event batches published (sequence numbers 0..n), when --kv-events is on.",
+        g(&s.kv_event_batches),
     );
     o.s
 }

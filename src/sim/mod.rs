@@ -18,11 +18,12 @@
 // it keeps its own clock reads and locks.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
-mod api;
+pub mod api;
 mod cli;
 pub mod engine;
 pub mod faults;
 pub mod kv;
+pub mod kv_events;
 mod messages;
 pub mod metrics;
 pub mod profiles;
@@ -133,6 +134,8 @@ pub struct SimConfig {
     pub embedding_dim: usize,
     /// Faults active from the start.
     pub faults: Faults,
+    /// Publish KV-cache events over ZeroMQ (vLLM's `--kv-events-config`).
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 impl SimConfig {
@@ -163,6 +166,7 @@ impl SimConfig {
             mean_output_tokens: 200,
             embedding_dim: 1024,
             faults: Faults::default(),
+            kv_events: None,
         }
     }
 
@@ -242,6 +246,7 @@ pub(crate) struct Shared {
 /// [`SimHandle::kill`]), so keep it alive as long as the engine is needed.
 pub struct SimHandle {
     addr: SocketAddr,
+    kv: Option<kv_events::Bound>,
     shared: Arc<Shared>,
     kill: watch::Sender<bool>,
     server: JoinHandle<()>,
@@ -266,7 +271,18 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
     let params = engine::Params::from_config(&cfg);
     let stats = Arc::new(metrics::Stats::new(cfg.num_blocks, cfg.block_size));
     let (submit, rx) = mpsc::channel(1024);
-    let engine = tokio::spawn(engine::Engine::new(params.clone(), rx, stats.clone()).run());
+    let mut eng = engine::Engine::new(params.clone(), rx, stats.clone());
+    let mut kv = None;
+    if let Some(k) = &cfg.kv_events {
+        let k = kv_events::KvEventsConfig {
+            block_size: cfg.block_size,
+            ..k.clone()
+        };
+        let (bound, tx) = kv_events::start(k).await?;
+        eng = eng.with_kv_events(tx);
+        kv = Some(bound);
+    }
+    let engine = tokio::spawn(eng.run());
     let (faults, _) = watch::channel(cfg.faults.clone());
     let started = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -287,6 +303,7 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
     let server = tokio::spawn(serve(listener, shared.clone(), kill.subscribe()));
     Ok(SimHandle {
         addr,
+        kv,
         shared,
         kill,
         server,
@@ -302,6 +319,11 @@ impl SimHandle {
     /// `http://HOST:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The bound KV-event endpoints (`tcp://IP:PORT`): publisher and replay.
+    pub fn kv_endpoints(&self) -> Option<&kv_events::Bound> {
+        self.kv.as_ref()
     }
 
     /// The configuration this engine runs with.

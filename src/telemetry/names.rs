@@ -75,6 +75,16 @@ pub const CACHE_PREDICTED_TOKENS_TOTAL: &str = "switchyard_cache_predicted_token
 pub const CACHE_ACTUAL_TOKENS_TOTAL: &str = "switchyard_cache_actual_tokens_total";
 pub const CACHE_PREDICTIONS_TOTAL: &str = "switchyard_cache_predictions_total";
 pub const CACHE_PREDICTION_RATIO: &str = "switchyard_cache_prediction_ratio";
+// ---- Engine KV-cache events and the precise index ----
+pub const KV_EVENTS_TOTAL: &str = "switchyard_kv_events_total";
+pub const KV_BLOCKS_SKIPPED_TOTAL: &str = "switchyard_kv_blocks_skipped_total";
+pub const KV_RESYNCS_TOTAL: &str = "switchyard_kv_resyncs_total";
+pub const KV_REFUSALS_TOTAL: &str = "switchyard_kv_refusals_total";
+pub const KV_INDEX_BLOCKS: &str = "switchyard_kv_index_blocks";
+pub const KV_INDEX_CAPACITY_BLOCKS: &str = "switchyard_kv_index_capacity_blocks";
+pub const KV_INDEX_LAG_SECONDS: &str = "switchyard_kv_index_lag_seconds";
+pub const KV_WORKER_STATE: &str = "switchyard_kv_worker_state";
+pub const L_MEDIUM: &str = "medium";
 pub const POOL_IMBALANCE_RATIO: &str = "switchyard_pool_imbalance_ratio";
 pub const POOL_IDLE_WORKERS: &str = "switchyard_pool_idle_workers";
 pub const POOL_SATURATION_RATIO: &str = "switchyard_pool_saturation_ratio";
@@ -111,6 +121,7 @@ pub const L_STICKY: &str = "sticky";
 
 /// Register help text and units for every metric.
 pub fn describe() {
+    describe_kv_events();
     describe_counter!(
         REQUESTS_TOTAL,
         "Proxied requests by model, worker, endpoint, final status and outcome (completed, cancelled, error)."
@@ -173,6 +184,42 @@ pub fn describe() {
     describe_gauge!(
         LOCALITY_SPILLING,
         "1 while a pool's local tier spills new requests to other regions (overloaded or unhealthy), else 0."
+    );
+}
+
+/// Help text for the KV-event metrics.
+fn describe_kv_events() {
+    describe_counter!(
+        KV_EVENTS_TOTAL,
+        "Engine KV-event batches per worker by kind: received (live), applied, replayed (fetched from the replay endpoint), lost (never received nor replayed), duplicate, undecodable."
+    );
+    describe_counter!(
+        KV_BLOCKS_SKIPPED_TOTAL,
+        "Stored blocks left out of the precise index per worker, by reason: unchained (parent unknown or salted), over_capacity (max_blocks_per_worker reached)."
+    );
+    describe_counter!(
+        KV_RESYNCS_TOTAL,
+        "Times a worker's index entries were dropped and rebuilt, by reason: start, cleared (AllBlocksCleared), sequence_reset, reconnect."
+    );
+    describe_counter!(
+        KV_REFUSALS_TOTAL,
+        "Workers whose events do not fit the pool's configuration, by reason (block_size, token_ids): the pool routes on the approximate index."
+    );
+    describe_gauge!(
+        KV_INDEX_BLOCKS,
+        "Blocks the precise index holds per worker and medium (gpu, cpu, disk)."
+    );
+    describe_gauge!(
+        KV_INDEX_CAPACITY_BLOCKS,
+        "The most blocks the precise index keeps per worker (kv_events.max_blocks_per_worker)."
+    );
+    describe_gauge!(
+        KV_INDEX_LAG_SECONDS,
+        "Age of the newest event batch applied for a worker, at the time it was applied (engine clock to gateway clock)."
+    );
+    describe_gauge!(
+        KV_WORKER_STATE,
+        "A worker's standing in the precise index: 0 absent, 1 syncing, 2 live, 3 refused."
     );
 }
 

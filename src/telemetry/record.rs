@@ -20,6 +20,8 @@ pub struct RouteTags {
     pub reason: &'static str,
     /// Prompt tokens the router expects the chosen worker to have cached.
     pub predicted_cached_tokens: Option<u64>,
+    /// The prediction came from the engines' KV events (precise index).
+    pub precise: bool,
 }
 
 /// How a request ended.

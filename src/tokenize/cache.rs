@@ -17,9 +17,10 @@
 use super::TokenizeError;
 use crate::telemetry::names;
 use aho_corasick::{AhoCorasick, MatchKind};
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 const SHARDS: usize = 16;
@@ -141,12 +142,7 @@ impl SegmentCache {
     {
         let key = xxh3_64(s.as_bytes());
         let shard = &self.shards[(key >> 60) as usize % SHARDS];
-        if let Some(e) = shard
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .map
-            .get_mut(&key)
-        {
+        if let Some(e) = shard.lock().map.get_mut(&key) {
             e.referenced = true;
             self.hits.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(names::TOKENIZE_CACHE_HITS_TOTAL).increment(1);
@@ -156,11 +152,7 @@ impl SegmentCache {
         metrics::counter!(names::TOKENIZE_CACHE_MISSES_TOTAL).increment(1);
         let tokens: Arc<[u32]> = encode(s)?.into();
         if tokens.len() <= self.shard_budget {
-            let (evicted, delta) = shard.lock().unwrap_or_else(PoisonError::into_inner).insert(
-                key,
-                tokens.clone(),
-                self.shard_budget,
-            );
+            let (evicted, delta) = shard.lock().insert(key, tokens.clone(), self.shard_budget);
             self.evictions.fetch_add(evicted, Ordering::Relaxed);
             metrics::counter!(names::TOKENIZE_CACHE_EVICTIONS_TOTAL).increment(evicted);
             metrics::gauge!(names::TOKENIZE_CACHE_TOKENS).increment(delta as f64);
@@ -171,7 +163,7 @@ impl SegmentCache {
     pub fn stats(&self) -> CacheStats {
         let (mut tokens, mut entries) = (0, 0);
         for s in &self.shards {
-            let s = s.lock().unwrap_or_else(PoisonError::into_inner);
+            let s = s.lock();
             tokens += s.tokens as u64;
             entries += s.map.len() as u64;
         }

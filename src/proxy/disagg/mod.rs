@@ -295,6 +295,7 @@ async fn vllm(
             reason: Reason::Prefill,
             prefill: None,
             est_cost_usd: None,
+            precise: false,
         };
         return Ok(respond(ctx, resp, note, None, guard, deadline));
     }
@@ -354,6 +355,7 @@ async fn decode_leg(
         reason: Reason::Decode,
         prefill: Some(&ws[p].id),
         est_cost_usd: None,
+        precise: false,
     };
     Ok(respond(ctx, resp, note, None, guard, deadline))
 }

@@ -12,12 +12,14 @@ mod kv;
 /// The toy scorer of `docs/architecture.md` ("How to add a scorer"); tests only.
 #[cfg(test)]
 pub(crate) mod last;
+mod precise_prefix;
 mod prefix;
 mod queue;
 mod session;
 
 pub use cost::Cost;
 pub use kv::Kv;
+pub use precise_prefix::PrecisePrefix;
 pub use prefix::Prefix;
 pub use queue::Queue;
 pub use session::Session;
@@ -48,6 +50,11 @@ pub struct Candidate {
     pub price: f64,
     /// Leading prefix blocks the worker holds (prefix index).
     pub depth: u32,
+    /// Precise index: the tier-weighted share of the prompt's blocks the worker
+    /// holds by its own events, in [0, 1].
+    pub precise: f64,
+    /// Precise index: leading prompt blocks the worker holds in any tier.
+    pub precise_blocks: u32,
     /// The weighted score.
     pub score: f64,
     /// Placing a prefix: blocks the index attributes to the worker; whether the
@@ -68,6 +75,11 @@ pub struct PickView<'a> {
     pub n_blocks: usize,
     /// The deepest any candidate holds the prefix.
     pub max_depth: u32,
+    /// The pool's precise index speaks for every candidate and the prompt was
+    /// tokenized: `Candidate::precise` is set.
+    pub precise: bool,
+    /// The largest `Candidate::precise`.
+    pub max_precise: f64,
     /// The stable key that breaks ties (rendezvous hashing).
     pub key: u64,
 }
@@ -112,6 +124,11 @@ pub trait Scorer: Send + Sync {
         false
     }
 
+    /// The scorer reads the precise (KV-event) index.
+    fn uses_precise(&self) -> bool {
+        false
+    }
+
     /// A tie-break key this scorer wants instead of the prefix or text hash.
     fn tie_key(&self, _req: &RouteRequest<'_>) -> Option<u64> {
         None
@@ -128,6 +145,7 @@ pub const REGISTRY: &[Entry] = &[
     ("cost", || Box::new(Cost)),
     ("session", || Box::new(Session)),
     ("kv", || Box::new(Kv)),
+    ("precise_prefix", || Box::new(PrecisePrefix)),
     #[cfg(test)]
     ("last", || Box::new(last::Last)),
 ];
@@ -200,6 +218,8 @@ pub(crate) mod testing {
             max_wait: cands.iter().map(|c| c.wait).fold(0.0, f64::max),
             n_blocks: 0,
             max_depth: 0,
+            precise: false,
+            max_precise: 0.0,
             key: session.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes())),
         };
         f(view)

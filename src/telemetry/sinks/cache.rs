@@ -6,9 +6,27 @@ use super::super::{names, Borrowed, CounterCache, FastMap, PoolKindKey};
 use metrics::{counter, gauge, SharedString};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Kinds of the cache-prediction counters besides the prediction results.
-const PREDICTED: &str = "predicted";
-const ACTUAL: &str = "actual";
+/// Kinds of the cache-prediction counters, `mode:kind`: predicted or actual
+/// cached tokens, or a prediction's result, per prediction mode (`precise`: the
+/// engines' KV events; `approximate`: the gateway's own prefix index).
+const CACHE_KINDS: [[&str; 6]; 2] = [
+    [
+        "approximate:predicted",
+        "approximate:actual",
+        "approximate:hit",
+        "approximate:false_hit",
+        "approximate:missed_hit",
+        "approximate:miss",
+    ],
+    [
+        "precise:predicted",
+        "precise:actual",
+        "precise:hit",
+        "precise:false_hit",
+        "precise:missed_hit",
+        "precise:miss",
+    ],
+];
 
 #[derive(Default)]
 struct Totals {
@@ -22,31 +40,35 @@ pub struct CacheAccuracy {
     counts: CounterCache<PoolKindKey>,
 }
 
-/// The counter behind a (pool, kind) key: predicted or actual cached tokens, or
-/// a prediction's result.
+/// The counter behind a (pool, `mode:kind`) cache-prediction key.
 fn cache_counter((pool, kind): &PoolKindKey) -> metrics::Counter {
-    match *kind {
-        PREDICTED => counter!(names::CACHE_PREDICTED_TOKENS_TOTAL, names::L_POOL => pool.clone()),
-        ACTUAL => counter!(names::CACHE_ACTUAL_TOKENS_TOTAL, names::L_POOL => pool.clone()),
+    let (mode, kind) = kind.split_once(':').unwrap_or(("approximate", kind));
+    match kind {
+        "predicted" => counter!(names::CACHE_PREDICTED_TOKENS_TOTAL,
+            names::L_POOL => pool.clone(), names::L_MODE => mode),
+        "actual" => counter!(names::CACHE_ACTUAL_TOKENS_TOTAL,
+            names::L_POOL => pool.clone(), names::L_MODE => mode),
         result => counter!(
             names::CACHE_PREDICTIONS_TOTAL,
             names::L_POOL => pool.clone(),
+            names::L_MODE => mode,
             names::L_RESULT => result
         ),
     }
 }
 
 impl CacheAccuracy {
-    /// One request the router predicted `predicted` cached tokens for, and the
-    /// engine reported `actual`.
-    pub fn record(&self, pool: &SharedString, predicted: u64, actual: u64) {
+    /// One request the router predicted `predicted` cached tokens for (from the
+    /// engines' events when `precise`), and the engine reported `actual`.
+    pub fn record(&self, pool: &SharedString, precise: bool, predicted: u64, actual: u64) {
+        let kinds = &CACHE_KINDS[usize::from(precise)];
         let result = match (predicted > 0, actual > 0) {
-            (true, true) => "hit",
-            (true, false) => "false_hit",
-            (false, true) => "missed_hit",
-            (false, false) => "miss",
+            (true, true) => kinds[2],
+            (true, false) => kinds[3],
+            (false, true) => kinds[4],
+            (false, false) => kinds[5],
         };
-        for (kind, n) in [(PREDICTED, predicted), (ACTUAL, actual), (result, 1)] {
+        for (kind, n) in [(kinds[0], predicted), (kinds[1], actual), (result, 1)] {
             self.counts
                 .increment(&Borrowed((pool, kind)), n, cache_counter);
         }

@@ -110,7 +110,8 @@ impl Sinks {
             .costs
             .add(&pair.model, &route.region, r.tenant_label, usd);
         if let (Some(pred), Some(_)) = (route.predicted_cached_tokens, m.prompt_tokens) {
-            self.cache.record(&route.pool, pred, toks.cached);
+            self.cache
+                .record(&route.pool, route.precise, pred, toks.cached);
         }
         self.series.record(SecondSample {
             error: r.class() != "ok",

@@ -1,0 +1,364 @@
+//! The exact index of one pool: block key → the workers holding the block, per
+//! tier (GPU, CPU, disk), as the engines' own events say.
+//!
+//! **The key is the gateway's own hash**, not the engine's: block i's key is
+//! xxh3 of its token ids seeded by block i-1's key (the first block by
+//! [`ROOT_KEY`]), so it names the whole prefix up to and including the block.
+//! Engine hashes are not reproducible outside the engine process: vLLM seeds its
+//! block hashes per process (`PYTHONHASHSEED`, or a random `NONE_HASH`), SGLang
+//! and older vLLM use other schemes, so two engines serving the same prompt
+//! report different hashes for the same block. Keying on tokens makes one prompt
+//! one key on every worker and every gateway replica, computable from a request's
+//! tokens alone; the engine's hashes are kept per worker only to resolve parents
+//! and removals (`apply.rs`).
+//!
+//! Holders are one bit per worker slot per tier (three `u64` masks), so a pool's
+//! precise index covers up to [`MAX_WORKERS`] workers and a lookup walks the
+//! prompt's blocks once, ANDing masks, until no worker holds the next block.
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::wire::Tier;
+
+/// Workers a pool's precise index can tell apart (one bit each).
+pub const MAX_WORKERS: usize = 64;
+/// Seed of the first block's key.
+pub const ROOT_KEY: u64 = 0x5357_4954_4348_5944; // "SWITCHYD"
+
+/// The key of a block holding `tokens` after the block keyed `parent`.
+#[inline]
+pub fn block_key(parent: u64, tokens: &[u32]) -> u64 {
+    let mut buf = [0u8; 256];
+    if tokens.len() * 4 <= buf.len() {
+        for (c, t) in buf.chunks_exact_mut(4).zip(tokens) {
+            c.copy_from_slice(&t.to_le_bytes());
+        }
+        xxh3_64_with_seed(&buf[..tokens.len() * 4], parent)
+    } else {
+        let v: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+        xxh3_64_with_seed(&v, parent)
+    }
+}
+
+/// The keys of every full block of `tokens`.
+pub fn prompt_keys(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    let mut k = ROOT_KEY;
+    tokens
+        .chunks_exact(block_size.max(1))
+        .map(|b| {
+            k = block_key(k, b);
+            k
+        })
+        .collect()
+}
+
+/// A worker's standing in the precise index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SlotState {
+    /// No subscriber (or it stopped).
+    Absent = 0,
+    /// Connecting or replaying its history: not yet trusted.
+    Syncing = 1,
+    /// Applying live events.
+    Live = 2,
+    /// Its events do not fit the pool's configuration (block size, missing
+    /// tokens): the pool routes on the approximate index.
+    Refused = 3,
+}
+
+/// Per worker and tier: how many leading blocks of a prompt it holds in that
+/// tier or a faster one (`[gpu, gpu+cpu, any]`).
+pub type Depths = [[u32; 3]; MAX_WORKERS];
+
+#[derive(Clone, Copy, Default)]
+struct Holders([u64; 3]);
+
+/// Keys are already hashes: the map uses them as they are.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 = (self.0 << 8) | u64::from(x);
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// One pool's precise index (see the module docs).
+pub struct KvIndex {
+    map: DashMap<u64, Holders, BuildHasherDefault<KeyHasher>>,
+    /// Slot → worker id; taken when a subscriber starts.
+    slots: Mutex<Vec<Option<Arc<str>>>>,
+    states: [AtomicU8; MAX_WORKERS],
+    /// (worker, tier) pairs held, all workers.
+    pairs: AtomicU64,
+    block_size: usize,
+}
+
+impl KvIndex {
+    pub fn new(block_size: usize) -> KvIndex {
+        KvIndex {
+            map: DashMap::default(),
+            slots: Mutex::new(Vec::new()),
+            states: std::array::from_fn(|_| AtomicU8::new(0)),
+            pairs: AtomicU64::new(0),
+            block_size: block_size.max(1),
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The slot of `worker`, taking a free one if it has none; `None` when all
+    /// [`MAX_WORKERS`] are taken.
+    pub fn claim(&self, worker: &Arc<str>) -> Option<u8> {
+        let mut slots = self.slots.lock();
+        if let Some(i) = slots.iter().position(|s| s.as_deref() == Some(&**worker)) {
+            return Some(i as u8);
+        }
+        let i = match slots.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if slots.len() < MAX_WORKERS => {
+                slots.push(None);
+                slots.len() - 1
+            }
+            None => return None,
+        };
+        slots[i] = Some(worker.clone());
+        self.set_state(i as u8, SlotState::Syncing);
+        Some(i as u8)
+    }
+
+    /// Give `slot` back (its blocks must have been removed).
+    pub fn release(&self, slot: u8) {
+        self.set_state(slot, SlotState::Absent);
+        let mut slots = self.slots.lock();
+        if let Some(s) = slots.get_mut(slot as usize) {
+            *s = None;
+        }
+    }
+
+    /// The slot `worker` holds, if any.
+    pub fn slot_of(&self, worker: &str) -> Option<u8> {
+        let slots = self.slots.lock();
+        slots
+            .iter()
+            .position(|s| s.as_deref() == Some(worker))
+            .map(|i| i as u8)
+    }
+
+    pub fn set_state(&self, slot: u8, s: SlotState) {
+        if let Some(a) = self.states.get(slot as usize) {
+            a.store(s as u8, Ordering::Release);
+        }
+    }
+
+    pub fn state(&self, slot: u8) -> SlotState {
+        match self
+            .states
+            .get(slot as usize)
+            .map(|a| a.load(Ordering::Acquire))
+        {
+            Some(1) => SlotState::Syncing,
+            Some(2) => SlotState::Live,
+            Some(3) => SlotState::Refused,
+            _ => SlotState::Absent,
+        }
+    }
+
+    /// Whether the index speaks for every one of `slots` (a route's workers):
+    /// each has a live subscriber. One worker without events, or refused, and the
+    /// pool routes on the approximate index instead.
+    pub fn covers(&self, slots: &[Option<u8>]) -> bool {
+        !slots.is_empty()
+            && slots
+                .iter()
+                .all(|s| s.is_some_and(|s| self.state(s) == SlotState::Live))
+    }
+
+    /// Record that `slot` holds `key` in `tier`; whether it was new.
+    pub fn insert(&self, slot: u8, key: u64, tier: Tier) -> bool {
+        let bit = 1u64 << slot;
+        let mut e = self.map.entry(key).or_default();
+        let m = &mut e.0[tier as usize];
+        let new = *m & bit == 0;
+        *m |= bit;
+        if new {
+            self.pairs.fetch_add(1, Ordering::Relaxed);
+        }
+        new
+    }
+
+    /// Record that `slot` no longer holds `key` in `tier`; whether it did.
+    pub fn remove(&self, slot: u8, key: u64, tier: Tier) -> bool {
+        let bit = 1u64 << slot;
+        let mut had = false;
+        self.map.remove_if_mut(&key, |_, h| {
+            let m = &mut h.0[tier as usize];
+            had = *m & bit != 0;
+            *m &= !bit;
+            h.0 == [0; 3]
+        });
+        if had {
+            self.pairs.fetch_sub(1, Ordering::Relaxed);
+        }
+        had
+    }
+
+    /// Remove every entry of `slot` (a subscriber that ended without its own
+    /// record of them): a scan of the whole map, on a cold path.
+    pub fn clear_slot(&self, slot: u8) {
+        let bit = 1u64 << slot;
+        let mut gone = 0u64;
+        self.map.retain(|_, h| {
+            for m in h.0.iter_mut() {
+                gone += u64::from(*m & bit != 0);
+                *m &= !bit;
+            }
+            h.0 != [0; 3]
+        });
+        self.pairs.fetch_sub(gone, Ordering::Relaxed);
+    }
+
+    /// (worker, tier) pairs held.
+    pub fn pairs(&self) -> u64 {
+        self.pairs.load(Ordering::Relaxed)
+    }
+
+    /// Distinct block keys held by anyone.
+    pub fn keys(&self) -> usize {
+        self.map.len()
+    }
+
+    /// For each slot, how many leading blocks of `keys` it holds per tier
+    /// (cumulative: `[gpu, gpu+cpu, any]`), written into `out` (zeroed first).
+    /// Stops at the first block nobody holds.
+    pub fn lookup(&self, keys: &[u64], out: &mut Depths) {
+        *out = [[0; 3]; MAX_WORKERS];
+        let mut alive = [u64::MAX; 3];
+        let mut done = keys.len();
+        for (i, k) in keys.iter().enumerate() {
+            let h = self.map.get(k).map_or([0; 3], |e| e.0);
+            let cum = [h[0], h[0] | h[1], h[0] | h[1] | h[2]];
+            for t in 0..3 {
+                let next = alive[t] & cum[t];
+                let mut dropped = alive[t] & !next;
+                while dropped != 0 {
+                    out[dropped.trailing_zeros() as usize][t] = i as u32;
+                    dropped &= dropped - 1;
+                }
+                alive[t] = next;
+            }
+            if alive[2] == 0 {
+                done = i;
+                break;
+            }
+        }
+        if done == keys.len() {
+            for (t, &a) in alive.iter().enumerate() {
+                let mut m = a;
+                while m != 0 {
+                    out[m.trailing_zeros() as usize][t] = keys.len() as u32;
+                    m &= m - 1;
+                }
+            }
+        }
+    }
+}
+
+/// Tier-weighted blocks from a slot's [`Depths`] row: each block counts the
+/// weight of the fastest tier the worker holds it in, along the held prefix.
+pub fn weighted_blocks(d: &[u32; 3], weights: &[f64; 3]) -> f64 {
+    weights[0] * d[0] as f64
+        + weights[1] * d[1].saturating_sub(d[0]) as f64
+        + weights[2] * d[2].saturating_sub(d[1]) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index_with(workers: &[&str]) -> (KvIndex, Vec<u8>) {
+        let ix = KvIndex::new(4);
+        let slots = workers
+            .iter()
+            .map(|w| ix.claim(&Arc::from(*w)).unwrap())
+            .collect();
+        (ix, slots)
+    }
+
+    #[test]
+    fn keys_chain_over_the_prefix() {
+        let a = prompt_keys(&[1, 2, 3, 4, 5, 6, 7, 8, 9], 4);
+        let b = prompt_keys(&[0, 2, 3, 4, 5, 6, 7, 8], 4);
+        assert_eq!(a.len(), 2, "the partial block is left out");
+        assert_ne!(a[1], b[1], "a block's key depends on what precedes it");
+        assert_eq!(a, prompt_keys(&[1, 2, 3, 4, 5, 6, 7, 8], 4));
+        let long: Vec<u32> = (0..200).collect();
+        assert_eq!(
+            prompt_keys(&long, 100).len(),
+            2,
+            "blocks beyond the stack buffer"
+        );
+    }
+
+    #[test]
+    fn lookup_gives_each_worker_its_held_prefix_by_tier() {
+        let (ix, s) = index_with(&["a", "b", "c"]);
+        let k = prompt_keys(&(0..16).collect::<Vec<_>>(), 4);
+        for &key in &k[..3] {
+            ix.insert(s[0], key, Tier::Gpu);
+        }
+        ix.insert(s[1], k[0], Tier::Gpu);
+        ix.insert(s[1], k[1], Tier::Cpu);
+        ix.insert(s[1], k[2], Tier::Disk);
+        ix.insert(s[1], k[3], Tier::Gpu);
+        ix.insert(s[2], k[1], Tier::Gpu); // not a prefix: block 0 missing
+        let mut d = [[0; 3]; MAX_WORKERS];
+        ix.lookup(&k, &mut d);
+        assert_eq!(d[s[0] as usize], [3, 3, 3]);
+        assert_eq!(d[s[1] as usize], [1, 2, 4]);
+        assert_eq!(d[s[2] as usize], [0, 0, 0]);
+        let w = weighted_blocks(&d[s[1] as usize], &[1.0, 0.5, 0.25]);
+        assert_eq!(w, 1.0 + 0.5 + 0.25 * 2.0);
+        assert!(ix.remove(s[0], k[0], Tier::Gpu));
+        assert!(!ix.remove(s[0], k[0], Tier::Gpu));
+        ix.lookup(&k, &mut d);
+        assert_eq!(d[s[0] as usize], [0, 0, 0]);
+        assert_eq!(ix.pairs(), 7);
+    }
+
+    #[test]
+    fn slots_are_reused_and_bounded() {
+        let ix = KvIndex::new(16);
+        let ids: Vec<Arc<str>> = (0..=MAX_WORKERS)
+            .map(|i| Arc::from(format!("w{i}")))
+            .collect();
+        for id in &ids[..MAX_WORKERS] {
+            assert!(ix.claim(id).is_some());
+        }
+        assert_eq!(ix.claim(&ids[MAX_WORKERS]), None);
+        assert_eq!(ix.claim(&ids[3]), Some(3), "a worker keeps its slot");
+        ix.release(3);
+        assert_eq!(ix.claim(&ids[MAX_WORKERS]), Some(3));
+        assert!(!ix.covers(&[Some(3)]), "syncing until live");
+        ix.set_state(3, SlotState::Live);
+        assert!(ix.covers(&[Some(3)]));
+        assert!(!ix.covers(&[Some(3), None]));
+    }
+}

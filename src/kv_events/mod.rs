@@ -1,0 +1,112 @@
+//! Engine KV-cache events → the precise index that routing reads.
+//!
+//! vLLM and SGLang publish what their prefix caches store and evict (ZeroMQ,
+//! msgpack; `wire.rs`, format in `docs/routing.md`). Per worker with `kv_events`
+//! configured a [`subscriber`] task follows the stream (gaps fetched from the
+//! replay endpoint, resync on start, restart and cache reset) and applies it
+//! (`apply.rs`) to its pool's [`KvIndex`] (`index.rs`): block key → the workers
+//! holding the block, by tier. Routing looks a request's prompt tokens up there
+//! (`routing/scorers/precise_prefix.rs`).
+//!
+//! Layering: fed by the pool (the registry starts a [`PoolKv`] per pool and syncs
+//! its subscribers with the worker set), read by routing; it uses only config,
+//! telemetry and the tokenizer below it.
+
+mod apply;
+pub mod index;
+mod sequence;
+pub mod subscriber;
+pub mod wire;
+
+pub use apply::{Refusal, WorkerBlocks};
+pub use index::{prompt_keys, weighted_blocks, Depths, KvIndex, SlotState, MAX_WORKERS};
+pub use sequence::{Sequencer, Step};
+
+use crate::config::{KvEndpoints, KvEventsConfig, PoolConfig};
+use crate::tokenize::{self, PromptTokenizer};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A pool's precise-routing state: its index, tokenizer and subscribers. Kept by
+/// the registry across rebuilds, like the approximate index.
+pub struct PoolKv {
+    pub index: Arc<KvIndex>,
+    /// `None` when the pool sets no `tokenizer`: the index is kept (events are
+    /// still followed and counted) but routing stays approximate.
+    pub tokenizer: Option<Arc<dyn PromptTokenizer>>,
+    pub tier_weights: [f64; 3],
+    cfg: KvEventsConfig,
+    tasks: Mutex<HashMap<Arc<str>, (KvEndpoints, tokio::task::AbortHandle)>>,
+}
+
+impl PoolKv {
+    /// The state for pool `pc`, or `None` when none of its workers publishes events.
+    pub fn new(pc: &PoolConfig) -> Option<PoolKv> {
+        if pc.workers.iter().all(|w| w.kv_events.is_none()) {
+            return None;
+        }
+        let tokenizer = match pc.tokenizer.as_ref().map(tokenize::build) {
+            Some(Ok(t)) => Some(t),
+            Some(Err(e)) => {
+                tracing::error!(pool = %pc.name, error = %e, "kv events: no tokenizer; routing on the approximate prefix index");
+                None
+            }
+            None => None,
+        };
+        Some(PoolKv {
+            index: Arc::new(KvIndex::new(pc.kv_events.block_size)),
+            tokenizer,
+            tier_weights: pc.kv_events.tier_weights,
+            cfg: pc.kv_events.clone(),
+            tasks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Whether `pc` can keep this state (same block size and settings);
+    /// otherwise the registry builds a new one.
+    pub fn fits(&self, pc: &PoolConfig) -> bool {
+        self.cfg == pc.kv_events && self.tokenizer.is_some() == pc.tokenizer.is_some()
+    }
+
+    /// Start a subscriber for each of `workers` with endpoints that has none (or
+    /// whose endpoints changed) and stop those of workers no longer listed. Slots
+    /// are claimed here, so a route built right after sees them.
+    pub fn sync(&self, pool: &str, workers: &[(Arc<str>, KvEndpoints)]) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::error!(pool, "kv events: no runtime to subscribe on");
+            return;
+        };
+        let mut tasks = self.tasks.lock();
+        tasks.retain(|id, (ep, h)| {
+            let keep = workers.iter().any(|(w, e)| w == id && e == ep);
+            if !keep {
+                h.abort();
+            }
+            keep
+        });
+        for (w, ep) in workers {
+            if tasks.contains_key(w) || self.index.claim(w).is_none() {
+                continue;
+            }
+            let sub = subscriber::Subscriber {
+                pool: Arc::from(pool),
+                worker: w.clone(),
+                endpoints: ep.clone(),
+                cfg: self.cfg.clone(),
+                index: self.index.clone(),
+            };
+            let h = rt.spawn(sub.run());
+            tasks.insert(w.clone(), (ep.clone(), h.abort_handle()));
+        }
+    }
+}
+
+impl Drop for PoolKv {
+    fn drop(&mut self) {
+        let tasks = self.tasks.get_mut();
+        for (_, (_, h)) in tasks.drain() {
+            h.abort();
+        }
+    }
+}
