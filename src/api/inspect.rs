@@ -57,6 +57,9 @@ pub struct RequestInfo {
     /// Raw JSON text of `messages` (chat), `prompt` (completions) or `input`
     /// (embeddings, responses): a zero-copy slice of the body.
     pub routing_text: Option<Bytes>,
+    /// `previous_response_id` (Responses API): the stored response this request
+    /// continues, which only its owner holds.
+    pub previous_response_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -81,6 +84,8 @@ struct Probe<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +124,7 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
         cache_salt: p.cache_salt.map(Cow::into_owned),
         max_tokens: p.max_completion_tokens.or(p.max_tokens),
         routing_text: text,
+        previous_response_id: p.previous_response_id.map(Cow::into_owned),
     })
 }
 
@@ -143,6 +149,7 @@ fn explain(body: &[u8], e: serde_json::Error) -> InspectError {
         ("cache_salt", "a string"),
         ("max_tokens", "a non-negative integer"),
         ("max_completion_tokens", "a non-negative integer"),
+        ("previous_response_id", "a string"),
     ];
     for (field, expected) in EXPECTED {
         if let Some(v) = obj.get(*field).filter(|v| !v.is_null()) {

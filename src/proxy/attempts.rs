@@ -13,7 +13,7 @@ use super::forward::{
 use crate::config::HealthConfig;
 use crate::pool::admission::{Priority, QueueError};
 use crate::pool::{InFlightGuard, ModelRoute, Role};
-use crate::routing::{Decision, Policy, RouteRequest};
+use crate::routing::{Decision, Policy, Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, SpanKind};
@@ -146,6 +146,15 @@ impl<'c, 'a> Attempts<'c, 'a> {
     /// worker. `None`: no worker can take the request.
     async fn select(&mut self) -> Result<Option<Decision>, GatewayError> {
         let route = self.ctx.route;
+        if let Some(owner) = self.ctx.pinned {
+            // Only the owner holds the state: no queue, no limit, no other worker.
+            return Ok((!self.tried.contains(&owner)).then_some(Decision {
+                index: owner,
+                reason: Reason::Owner,
+                cross: None,
+                spill: None,
+            }));
+        }
         let limit = route.pool.config.max_concurrency_per_worker;
         loop {
             self.pick_start = self.ctx.tags.tracing().then(Instant::now);

@@ -151,6 +151,9 @@ pub struct ForwardContext<'a> {
     pub residency: Option<&'a Residency>,
     /// Region names, for messages.
     pub global: &'a GlobalConfig,
+    /// The only worker (index in `route`) that may serve the request: the owner
+    /// of the stored response it continues (`proxy::affinity`).
+    pub pinned: Option<usize>,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -485,5 +488,12 @@ pub(crate) fn respond(
             route,
         },
     );
+    if ctx.endpoint == Endpoint::Responses {
+        // Response ids carry their owner (`affinity`); the length changes.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let token = super::affinity::owner_token(&worker.id);
+        let rewritten = super::affinity::IdRewriter::new(Body::new(observed), token);
+        return Response::from_parts(parts, Body::new(rewritten));
+    }
     Response::from_parts(parts, Body::new(observed))
 }

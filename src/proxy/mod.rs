@@ -2,6 +2,7 @@
 //! the upstream request, forward, retry elsewhere while nothing has reached the
 //! client, then hand the response body to the observer.
 
+pub mod affinity;
 mod attempts;
 pub(crate) mod disagg;
 mod error;

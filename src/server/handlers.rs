@@ -4,7 +4,7 @@ use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelCard, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::pool::{ModelRoute, Snapshot};
-use crate::proxy::{self, ForwardContext, GatewayError, SESSION_HEADER};
+use crate::proxy::{self, affinity, ForwardContext, GatewayError, SESSION_HEADER};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
@@ -29,6 +29,22 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    run(gw, req, false).await
+}
+
+/// `GET`/`DELETE /v1/responses/{id}` and `/v1/responses/{id}/{cancel,input_items}`:
+/// sent to the worker that stored the response, named by its gateway-issued id.
+pub async fn stored_response(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    run(gw, req, true).await
+}
+
+/// The phases of [`proxy`]; `stored`: the request names a stored response in
+/// its path rather than a model in its body.
+async fn run<B>(gw: Arc<Gateway>, req: http::Request<B>, stored: bool) -> Response
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     let start = Instant::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
@@ -38,7 +54,11 @@ where
         snap: &snap,
         parts: &parts,
         request_id: &request_id,
-        endpoint: Endpoint::from_path(parts.uri.path()),
+        endpoint: if stored {
+            Endpoint::Responses
+        } else {
+            Endpoint::from_path(parts.uri.path())
+        },
         start,
     };
     let (mut tags, residency) = match inbound.admit() {
@@ -47,7 +67,11 @@ where
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
-    let result = inbound.serve(body, &mut tags, residency, &mut known).await;
+    let result = if stored {
+        inbound.serve_stored(body, &mut tags, &mut known).await
+    } else {
+        inbound.serve(body, &mut tags, residency, &mut known).await
+    };
     let mut resp = match result {
         Ok(r) => r,
         Err(e) => inbound.finish_error(&e, &tags, known),
@@ -119,6 +143,7 @@ impl<'a> Inbound<'a> {
             known: known_residencies(&self.snap.config.global),
         })?;
         let (route, body) = self.resolve(&info, body, residency.as_ref())?;
+        let (route, body, pinned) = self.continuation(&info, route, body)?;
         *known = Some(route);
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
@@ -141,8 +166,97 @@ impl<'a> Inbound<'a> {
             tags,
             residency: residency.as_ref(),
             global: &self.snap.config.global,
+            pinned,
         };
-        proxy::forward_with_fallbacks(ctx, self.snap, &body).await
+        let answer = proxy::forward_with_fallbacks(ctx, self.snap, &body).await;
+        match (answer, &info.previous_response_id) {
+            (Err(e), Some(id)) if pinned.is_some() => Err(owner_failed(id, e)),
+            (answer, _) => answer,
+        }
+    }
+
+    /// A Responses request continuing a gateway-issued `previous_response_id`
+    /// goes to the id's owner, with the engine's own id written back into the
+    /// body. Ids the gateway did not issue are routed as usual.
+    fn continuation(
+        &self,
+        info: &api::RequestInfo,
+        route: &'a Arc<ModelRoute>,
+        body: Bytes,
+    ) -> Result<(&'a Arc<ModelRoute>, Bytes, Option<usize>), GatewayError> {
+        let prev = match (&self.endpoint, &info.previous_response_id) {
+            (Endpoint::Responses, Some(p)) => p,
+            _ => return Ok((route, body, None)),
+        };
+        let Some((token, engine_id)) = affinity::decode(prev) else {
+            return Ok((route, body, None));
+        };
+        let Some((owner, idx)) = affinity::find_owner(self.snap, Some(route), token) else {
+            tracing::warn!(id = %prev, "previous response's worker is gone");
+            return Err(GatewayError::ResponseOwnerGone(api::error::echo(prev)));
+        };
+        let body = affinity::replace_string(&body, prev, engine_id);
+        Ok((owner, body, Some(idx)))
+    }
+
+    /// A request on a stored response's path: to the response's owner, with
+    /// the engine's id in the path, never elsewhere.
+    async fn serve_stored<B>(
+        &self,
+        body: B,
+        tags: &mut Arc<RequestTags>,
+        known: &mut Option<&'a Arc<ModelRoute>>,
+    ) -> Result<Response, GatewayError>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let server = &self.snap.config.server;
+        let body = within(
+            server.body_read_timeout,
+            read_body(body, &self.parts.headers, server.max_body_bytes),
+        )
+        .await?;
+        let path = self.parts.uri.path();
+        let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
+        let (id, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let (token, engine_id) =
+            affinity::decode(id).ok_or_else(|| GatewayError::UnknownResponse(api::error::echo(id)))?;
+        let (route, idx) = affinity::find_owner(self.snap, None, token).ok_or_else(|| {
+            tracing::warn!(id = %id, "stored response's worker is gone");
+            GatewayError::ResponseOwnerGone(api::error::echo(id))
+        })?;
+        *known = Some(route);
+        if let Some(t) = unshared(tags) {
+            t.pool = Some(route.pool.metrics.name.clone());
+        }
+        let mut parts = self.parts.clone();
+        let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        parts.uri = format!("/v1/responses/{engine_id}{tail}{query}")
+            .parse()
+            .map_err(|_| GatewayError::UnknownResponse(api::error::echo(id)))?;
+        let info = api::RequestInfo {
+            model: Some(route.model.to_string()),
+            ..Default::default()
+        };
+        let ctx = ForwardContext {
+            client: &self.gw.client,
+            route,
+            parts: &parts,
+            body,
+            info: &info,
+            endpoint: self.endpoint,
+            request_id: self.request_id,
+            timeouts: server.timeouts,
+            health: &self.snap.config.health,
+            debug_headers: server.debug_headers,
+            start: self.start,
+            tags,
+            residency: None,
+            global: &self.snap.config.global,
+            pinned: Some(idx),
+        };
+        proxy::forward(&ctx).await.map_err(|e| owner_failed(id, e))
     }
 
     /// Phase: read the body (bounded in size and time) and inspect it.
@@ -249,6 +363,19 @@ impl<'a> Inbound<'a> {
             self.start.elapsed(),
         );
         e.to_response()
+    }
+}
+
+/// A pinned request's failure: the owner did not answer (no other worker
+/// holds the response), said so in the client's terms.
+fn owner_failed(id: &str, e: GatewayError) -> GatewayError {
+    if !e.falls_back() {
+        return e;
+    }
+    tracing::warn!(id = %id, error = %e, "the worker holding a stored response did not answer");
+    GatewayError::ResponseOwnerUnavailable {
+        id: api::error::echo(id),
+        detail: e.to_string(),
     }
 }
 

@@ -125,6 +125,12 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/completions", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/embeddings", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/responses", post(handlers::proxy::<axum::body::Body>))
+        .route(
+            "/v1/responses/{id}",
+            get(handlers::stored_response).delete(handlers::stored_response),
+        )
+        .route("/v1/responses/{id}/cancel", post(handlers::stored_response))
+        .route("/v1/responses/{id}/input_items", get(handlers::stored_response))
         .route("/v1/models", get(handlers::models))
         .route("/v1/models/{*id}", get(handlers::model))
         .route("/health", get(handlers::health))

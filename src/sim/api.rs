@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,6 +34,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses))
+        .route(
+            "/v1/responses/{id}",
+            get(stored_response).delete(delete_response),
+        )
         .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(health))
@@ -337,6 +341,8 @@ struct Gen {
     nixl_prefill: bool,
     /// Responses API: request fields the response object repeats.
     echo: Map<String, Value>,
+    /// Responses API: the conversation so far, stored with the answer.
+    turns: responses::Turns,
 }
 
 fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
@@ -502,6 +508,7 @@ impl Gen {
             serde_json::from_value(v.clone()).map_err(|e| bad(format!("invalid request: {e}")))?;
         let model = check_model(s, c.model.clone())?;
         let mut echo = Map::new();
+        let mut turns = Vec::new();
         let (tokens, hint) = match kind {
             Kind::Chat => {
                 let m = chat_messages(&v)?;
@@ -509,9 +516,11 @@ impl Gen {
             }
             Kind::Completion => (prompt_tokens(&v)?, String::new()),
             Kind::Responses => {
-                let m = responses::messages(&v)?;
+                let m = responses::messages(&v, &s.responses)?;
                 echo = responses::echo(&v);
-                (encode_messages(&m, v.get("tools")), last_user(&m))
+                let encoded = (encode_messages(&m, v.get("tools")), last_user(&m));
+                turns = m;
+                encoded
             }
         };
         if tokens.is_empty() {
@@ -650,6 +659,7 @@ impl Gen {
             events,
             nixl_prefill,
             echo,
+            turns,
         })
     }
 }
@@ -679,6 +689,23 @@ async fn responses(
     body: Bytes,
 ) -> Response {
     generate(s, ctl, headers, body, Kind::Responses).await
+}
+
+/// `GET /v1/responses/{id}`: a response this engine stored.
+async fn stored_response(State(s): S, Path(id): Path<String>) -> Response {
+    match s.responses.get(&id) {
+        Some(o) => axum::Json(o).into_response(),
+        None => responses::not_found(&id, None).into_response(),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`.
+async fn delete_response(State(s): S, Path(id): Path<String>) -> Response {
+    if s.responses.delete(&id) {
+        axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        responses::not_found(&id, None).into_response()
+    }
 }
 
 pub(super) fn now_secs() -> u64 {
@@ -879,7 +906,7 @@ fn full_body(s: &Shared, g: &Gen, choices: &[Choice], totals: &Totals) -> Value 
                 .take(g.n)
                 .map(|(c, o)| responses::item(o, &c.text, "completed"))
                 .collect();
-            responses::object(
+            let o = responses::object(
                 &g.echo,
                 &id,
                 now_secs(),
@@ -887,7 +914,9 @@ fn full_body(s: &Shared, g: &Gen, choices: &[Choice], totals: &Totals) -> Value 
                 "completed",
                 json!(output),
                 responses::usage(totals),
-            )
+            );
+            responses::remember(&s.responses, &o, g.turns.clone());
+            o
         }
     }
 }
@@ -1155,7 +1184,13 @@ async fn produce(
                 if die_after.is_some() {
                     return die(tx).await;
                 }
-                let _ = tx.send(Ok(w.end(&g, &totals))).await;
+                let end = w.end(&g, &totals);
+                if let Writer::Responses(r) = &w {
+                    if let Some(o) = &r.done {
+                        responses::remember(&s.responses, o, g.turns.clone());
+                    }
+                }
+                let _ = tx.send(Ok(end)).await;
                 return;
             }
         }

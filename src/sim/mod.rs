@@ -232,6 +232,8 @@ pub(crate) struct Shared {
     pub addr: SocketAddr,
     pub arrivals: AtomicU64,
     pub started: u64,
+    /// Stored Responses API responses.
+    pub responses: responses::Store,
 }
 
 /// A running simulated engine. Dropping the handle kills the engine (as
@@ -277,6 +279,7 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
         addr,
         arrivals: AtomicU64::new(0),
         started,
+        responses: responses::Store::default(),
         cfg,
     });
     let (kill, _) = watch::channel(false);
