@@ -316,6 +316,10 @@ impl<'c, 'a> Attempts<'c, 'a> {
     }
 
     fn may_retry(&self) -> Result<(), &'static str> {
+        // Only the owner holds a pinned request's state; an upload was sent.
+        if self.ctx.upload.is_some() || self.ctx.pinned.is_some() {
+            return Err("not_replayable");
+        }
         may_retry(
             self.ctx.route,
             &self.rreq,
@@ -336,7 +340,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
 
 /// One line per request that failed (or is passed a worker's error) after its
 /// attempts: which workers answered what, and why no further attempt was made
-/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`).
+/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`,
+/// `not_replayable`).
 fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
     tracing::warn!(
         request_id = ?ctx.request_id,

@@ -22,6 +22,8 @@ pub enum GatewayError {
     BodyTimeout(Duration),
     #[error("The request body must be JSON (Content-Type: application/json), not {0}")]
     UnsupportedMediaType(String),
+    #[error("Malformed multipart upload: {0}")]
+    MalformedMultipart(String),
     #[error("Request headers too large: {0}")]
     HeadersTooLarge(String),
     #[error(
@@ -76,6 +78,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_)
+            | MalformedMultipart(_)
             | MissingModel
             | BodyRead(_)
             | BadFraming(_)
@@ -104,6 +107,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_) => "malformed_json",
+            MalformedMultipart(_) => "malformed_multipart",
             MissingModel => "missing_model",
             UnknownModel(_) => "unknown_model",
             BodyTooLarge(_) => "body_too_large",
@@ -136,6 +140,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_)
+            | MalformedMultipart(_)
             | MissingModel
             | BodyRead(_)
             | BodyTimeout(_)

@@ -22,8 +22,9 @@ pub async fn forward_with_fallbacks<'a>(
     let mut visited: SmallVec<[&str; 4]> = SmallVec::new();
     loop {
         let err = match forward(&ctx).await {
-            // A pinned request's state is on its owner: no other pool has it.
-            Err(e) if e.falls_back() && ctx.pinned.is_none() => e,
+            // A pinned request's state is on its owner: no other pool has it;
+            // a streamed upload has been sent.
+            Err(e) if e.falls_back() && ctx.pinned.is_none() && ctx.upload.is_none() => e,
             other => return other,
         };
         let route = ctx.route;

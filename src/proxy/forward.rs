@@ -15,7 +15,6 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Request, Response, Uri};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -154,6 +153,8 @@ pub struct ForwardContext<'a> {
     /// The only worker (index in `route`) that may serve the request: the owner
     /// of the stored response it continues (`proxy::affinity`).
     pub pinned: Option<usize>,
+    /// A streamed upload sent instead of `body` (once: no retry, no fallback).
+    pub upload: Option<&'a super::upload::Upload>,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -403,7 +404,7 @@ fn prepare(
     let pass_auth = pool.config.pass_client_auth;
     // The client's Content-Length is kept when the body is forwarded as it came
     // (hyper would otherwise format a new one); a rewritten body gets hyper's.
-    let same_length = {
+    let same_length = ctx.upload.is_some() || {
         let mut cl = ctx.parts.headers.get_all(header::CONTENT_LENGTH).iter();
         matches!((cl.next(), cl.next()), (Some(v), None)
             if v.to_str().ok().and_then(|s| s.parse::<usize>().ok()) == Some(body.len()))
@@ -422,7 +423,14 @@ fn prepare(
     }
     headers.insert(REQUEST_ID_HEADER, ctx.request_id.clone());
     headers.insert(TRACEPARENT, ctx.tags.trace.upstream_header(attempt_span));
-    let mut req = Request::new(Full::new(body));
+    let body = match ctx.upload {
+        None => UpstreamBody::from(body),
+        Some(u) => u.take().ok_or_else(|| GatewayError::UpstreamFailed {
+            worker: worker.id.clone(),
+            detail: "a streamed upload is sent once and cannot be retried".into(),
+        })?,
+    };
+    let mut req = Request::new(body);
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;

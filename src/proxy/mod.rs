@@ -10,6 +10,7 @@ mod fallback;
 pub mod forward;
 mod headers;
 pub mod observe;
+pub mod upload;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
 pub use error::GatewayError;

@@ -29,18 +29,35 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    run(gw, req, false).await
+    run(gw, req, Mode::Json).await
 }
 
 /// `GET`/`DELETE /v1/responses/{id}` and `/v1/responses/{id}/{cancel,input_items}`:
 /// sent to the worker that stored the response, named by its gateway-issued id.
 pub async fn stored_response(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    run(gw, req, true).await
+    run(gw, req, Mode::Stored).await
 }
 
-/// The phases of [`proxy`]; `stored`: the request names a stored response in
-/// its path rather than a model in its body.
-async fn run<B>(gw: Arc<Gateway>, req: http::Request<B>, stored: bool) -> Response
+/// `POST /v1/audio/transcriptions` and `/translations`: a multipart upload,
+/// forwarded as it arrives once its `model` field is read.
+pub async fn upload(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let head = http::Request::from_parts(parts, http_body_util::Empty::<Bytes>::new());
+    run(gw, head, Mode::Upload(body)).await
+}
+
+/// Where a request names what serves it.
+enum Mode {
+    /// `model` in a JSON body.
+    Json,
+    /// A gateway-issued response id in the path.
+    Stored,
+    /// A `model` form field of a multipart upload (its body).
+    Upload(axum::body::Body),
+}
+
+/// The phases of [`proxy`], for each [`Mode`].
+async fn run<B>(gw: Arc<Gateway>, req: http::Request<B>, mode: Mode) -> Response
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
@@ -54,7 +71,7 @@ where
         snap: &snap,
         parts: &parts,
         request_id: &request_id,
-        endpoint: if stored {
+        endpoint: if matches!(mode, Mode::Stored) {
             Endpoint::Responses
         } else {
             Endpoint::from_path(parts.uri.path())
@@ -67,10 +84,12 @@ where
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
-    let result = if stored {
-        inbound.serve_stored(body, &mut tags, &mut known).await
-    } else {
-        inbound.serve(body, &mut tags, residency, &mut known).await
+    let result = match mode {
+        Mode::Json => inbound.serve(body, &mut tags, residency, &mut known).await,
+        Mode::Stored => inbound.serve_stored(body, &mut tags, &mut known).await,
+        Mode::Upload(upload) => {
+            Box::pin(inbound.serve_upload(upload, &mut tags, residency, &mut known)).await
+        }
     };
     let mut resp = match result {
         Ok(r) => r,
@@ -167,6 +186,7 @@ impl<'a> Inbound<'a> {
             residency: residency.as_ref(),
             global: &self.snap.config.global,
             pinned,
+            upload: None,
         };
         let answer = proxy::forward_with_fallbacks(ctx, self.snap, &body).await;
         match (answer, &info.previous_response_id) {
@@ -255,8 +275,76 @@ impl<'a> Inbound<'a> {
             residency: None,
             global: &self.snap.config.global,
             pinned: Some(idx),
+            upload: None,
         };
         proxy::forward(&ctx).await.map_err(|e| owner_failed(id, e))
+    }
+
+    /// A multipart upload: read until its `model` field, then forwarded as a
+    /// stream to one worker of that model's pool (the body is sent once).
+    async fn serve_upload<B>(
+        &self,
+        body: B,
+        tags: &mut Arc<RequestTags>,
+        residency: AskedResidency,
+        known: &mut Option<&'a Arc<ModelRoute>>,
+    ) -> Result<Response, GatewayError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<crate::upstream::BoxError>,
+    {
+        let server = &self.snap.config.server;
+        let boundary = proxy::upload::boundary(&self.parts.headers)?;
+        if let Some(n) = self
+            .parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        {
+            if n > server.max_body_bytes as u64 {
+                return Err(GatewayError::BodyTooLarge(server.max_body_bytes));
+            }
+        }
+        let peek = proxy::upload::split_model(body, &boundary, server.max_body_bytes);
+        let (model, upload) = tokio::time::timeout(server.body_read_timeout, peek)
+            .await
+            .map_err(|_| GatewayError::BodyTimeout(server.body_read_timeout))??;
+        let residency = residency.map_err(|v| GatewayError::InvalidResidency {
+            value: v,
+            known: known_residencies(&self.snap.config.global),
+        })?;
+        let route = self
+            .snap
+            .resolve(&model, None, residency.as_ref())
+            .ok_or_else(|| GatewayError::UnknownModel(api::error::echo(&model)))?
+            .route;
+        *known = Some(route);
+        if let Some(t) = unshared(tags) {
+            t.pool = Some(route.pool.metrics.name.clone());
+        }
+        let info = api::RequestInfo {
+            model: Some(model),
+            ..Default::default()
+        };
+        let ctx = ForwardContext {
+            client: &self.gw.client,
+            route,
+            parts: self.parts,
+            body: Bytes::new(),
+            info: &info,
+            endpoint: self.endpoint,
+            request_id: self.request_id,
+            timeouts: server.timeouts,
+            health: &self.snap.config.health,
+            debug_headers: server.debug_headers,
+            start: self.start,
+            tags,
+            residency: residency.as_ref(),
+            global: &self.snap.config.global,
+            pinned: None,
+            upload: Some(&upload),
+        };
+        proxy::forward(&ctx).await
     }
 
     /// Phase: read the body (bounded in size and time) and inspect it.

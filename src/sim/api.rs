@@ -25,7 +25,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::engine::{vocab, Event, Finish, Remote, Submit};
 use super::faults::{Fault, Faults, FAULT_HEADER};
-use super::{metrics, responses, tokenizer, tools, ConnCtl, EngineKind, Role, Shared};
+use super::{endpoints, metrics, responses, tokenizer, tools, ConnCtl, EngineKind, Role, Shared};
 
 type S = State<Arc<Shared>>;
 
@@ -39,6 +39,15 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             get(stored_response).delete(delete_response),
         )
         .route("/v1/embeddings", post(embeddings))
+        .route("/tokenize", post(endpoints::tokenize))
+        .route("/detokenize", post(endpoints::detokenize))
+        .route("/v1/rerank", post(endpoints::rerank))
+        .route("/rerank", post(endpoints::rerank))
+        .route("/v2/rerank", post(endpoints::rerank))
+        .route("/v1/score", post(endpoints::score))
+        .route("/score", post(endpoints::score))
+        .route("/v1/audio/transcriptions", post(endpoints::audio))
+        .route("/v1/audio/translations", post(endpoints::audio))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/version", get(version))
@@ -345,7 +354,7 @@ struct Gen {
     turns: responses::Turns,
 }
 
-fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+pub(super) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON body: {e}")))?;
     if !v.is_object() {
@@ -354,7 +363,7 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-fn check_model(s: &Shared, model: Option<String>) -> Result<String, ApiError> {
+pub(super) fn check_model(s: &Shared, model: Option<String>) -> Result<String, ApiError> {
     match model {
         None => Ok(s.cfg.model.clone()),
         Some(m) if s.cfg.served_names().any(|n| n == m) => Ok(m),

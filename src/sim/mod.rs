@@ -17,6 +17,7 @@
 
 mod api;
 mod cli;
+mod endpoints;
 pub mod engine;
 pub mod faults;
 pub mod kv;
@@ -234,6 +235,8 @@ pub(crate) struct Shared {
     pub started: u64,
     /// Stored Responses API responses.
     pub responses: responses::Store,
+    /// Bytes of audio uploads received so far (counted as they arrive).
+    pub audio_bytes: AtomicU64,
 }
 
 /// A running simulated engine. Dropping the handle kills the engine (as
@@ -280,6 +283,7 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
         arrivals: AtomicU64::new(0),
         started,
         responses: responses::Store::default(),
+        audio_bytes: AtomicU64::new(0),
         cfg,
     });
     let (kill, _) = watch::channel(false);
@@ -318,6 +322,11 @@ impl SimHandle {
     }
 
     /// Replace the active faults (same as `POST /sim/faults`).
+    /// Bytes of audio uploads received so far, counted as they arrive.
+    pub fn audio_bytes_received(&self) -> u64 {
+        self.shared.audio_bytes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn set_faults(&self, f: Faults) {
         self.shared.faults.send_replace(f);
     }
