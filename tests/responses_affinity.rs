@@ -7,39 +7,8 @@
 mod support;
 
 use serde_json::{json, Value};
-use std::process::Stdio;
 use std::time::Duration;
 use support::*;
-use tokio::io::{AsyncBufReadExt, BufReader};
-
-/// A `switchyard serve --config FILE` process and its URL.
-struct Replica {
-    child: tokio::process::Child,
-    url: String,
-}
-
-async fn replica(config: &std::path::Path) -> Replica {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("binary starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(l) = lines.next_line().await.unwrap() {
-            if let Some(u) = l.strip_prefix("switchyard ready url=") {
-                return u.to_string();
-            }
-        }
-        panic!("binary exited before printing its url");
-    })
-    .await
-    .expect("ready line");
-    Replica { child, url }
-}
 
 /// A round-robin pool over `workers`, so a turn without affinity would move.
 fn config(model: &str, workers: &[&str]) -> String {
@@ -95,7 +64,7 @@ async fn a_conversation_stays_on_its_worker_across_replicas() {
     std::fs::write(&file, config(&model, &[&u[0], &u[1], &u[2]])).unwrap();
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(replica(&file).await);
+        replicas.push(serve_binary(&file).await);
     }
 
     // Five turns, round-robin over the replicas, turns 2 and 4 streamed.

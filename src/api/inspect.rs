@@ -45,6 +45,20 @@ impl Endpoint {
     }
 }
 
+/// Engine endpoints outside `/v1/{chat/completions,completions,embeddings,
+/// responses}` whose JSON body names the `model` that routes them (vLLM serves
+/// each; `/v1/...` paths not listed are routed the same way when they carry a
+/// model).
+pub const MODEL_PATHS: &[&str] = &[
+    "/tokenize",
+    "/detokenize",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/score",
+    "/v1/score",
+];
+
 /// Routing features of one request.
 #[derive(Clone, Debug, Default)]
 pub struct RequestInfo {

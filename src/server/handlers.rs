@@ -385,7 +385,9 @@ impl<'a> Inbound<'a> {
         let name = info
             .model
             .as_deref()
-            .ok_or(if self.endpoint == Endpoint::Other {
+            .ok_or(if self.endpoint == Endpoint::Other
+                && !api::inspect::MODEL_PATHS.contains(&self.parts.uri.path())
+            {
                 GatewayError::NotFound(api::error::echo(self.parts.uri.path()))
             } else {
                 GatewayError::MissingModel

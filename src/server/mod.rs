@@ -117,7 +117,11 @@ impl Gateway {
 
 /// The client-facing routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    Router::new()
+    let mut r = Router::new();
+    for path in crate::api::inspect::MODEL_PATHS {
+        r = r.route(path, post(handlers::proxy::<axum::body::Body>));
+    }
+    r
         .route(
             "/v1/chat/completions",
             post(handlers::proxy::<axum::body::Body>),
@@ -133,11 +137,6 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/v1/responses/{id}/input_items", get(handlers::stored_response))
         .route("/v1/audio/transcriptions", post(handlers::upload))
         .route("/v1/audio/translations", post(handlers::upload))
-        .route("/tokenize", post(handlers::proxy::<axum::body::Body>))
-        .route("/detokenize", post(handlers::proxy::<axum::body::Body>))
-        .route("/rerank", post(handlers::proxy::<axum::body::Body>))
-        .route("/v2/rerank", post(handlers::proxy::<axum::body::Body>))
-        .route("/score", post(handlers::proxy::<axum::body::Body>))
         .route("/v1/models", get(handlers::models))
         .route("/v1/models/{*id}", get(handlers::model))
         .route("/health", get(handlers::health))

@@ -171,7 +171,7 @@ pub(super) async fn audio(State(s): S, body: Body) -> Response {
             }
         }
     }
-    let has_file = head.windows(12).any(|w| w == b"name=\"file\"");
+    let has_file = memchr::memmem::find(&head, b"name=\"file\"").is_some();
     if !has_file {
         return bad("file: field required").into_response();
     }
