@@ -23,7 +23,11 @@ async fn tokenize_rerank_and_score_reach_a_worker_of_the_model() {
     let gw = serve_binary(&file).await;
     let base = &gw.url;
 
-    let (st, t) = post(&format!("{base}/tokenize"), json!({"model": model, "prompt": "The water"})).await;
+    let (st, t) = post(
+        &format!("{base}/tokenize"),
+        json!({"model": model, "prompt": "The water"}),
+    )
+    .await;
     assert_eq!(st, 200, "{t}");
     assert_eq!(t["count"], json!(2), "{t}");
     assert!(t["max_model_len"].as_u64().unwrap() > 0);
@@ -65,7 +69,11 @@ async fn tokenize_rerank_and_score_reach_a_worker_of_the_model() {
     let (st, e) = post(&format!("{base}/tokenize"), json!({"prompt": "x"})).await;
     assert_eq!(st, 400, "{e}");
     assert_eq!(e["error"]["param"], "model", "{e}");
-    let (st, e) = post(&format!("{base}/v1/rerank"), json!({"model": "nope", "query": "q"})).await;
+    let (st, e) = post(
+        &format!("{base}/v1/rerank"),
+        json!({"model": "nope", "query": "q"}),
+    )
+    .await;
     assert_eq!(st, 404, "{e}");
     assert_eq!(e["error"]["code"], "model_not_found", "{e}");
 }
@@ -125,7 +133,11 @@ async fn an_audio_upload_reaches_the_worker_before_the_client_finished_sending()
     let r = answer.await.unwrap().unwrap();
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
-    assert_eq!(v["text"], format!("{total} bytes of audio"), "every byte forwarded unchanged");
+    assert_eq!(
+        v["text"],
+        format!("{total} bytes of audio"),
+        "every byte forwarded unchanged"
+    );
     assert_eq!(sims[0].audio_bytes_received(), total as u64);
 
     // Translations too; over the limit, and without a model: OpenAI-shaped errors.
@@ -140,14 +152,20 @@ async fn an_audio_upload_reaches_the_worker_before_the_client_finished_sending()
             .body(body)
             .send()
     };
-    let r = send("/v1/audio/translations", small.into_bytes()).await.unwrap();
+    let r = send("/v1/audio/translations", small.into_bytes())
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
-    let r = send("/v1/audio/transcriptions", vec![b'A'; 4_000_001]).await.unwrap();
+    let r = send("/v1/audio/transcriptions", vec![b'A'; 4_000_001])
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
     let no_model = format!(
         "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nAAAA\r\n--{BOUNDARY}--\r\n"
     );
-    let r = send("/v1/audio/transcriptions", no_model.into_bytes()).await.unwrap();
+    let r = send("/v1/audio/transcriptions", no_model.into_bytes())
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["param"], "model", "{v}");

@@ -93,7 +93,11 @@ async fn a_conversation_stays_on_its_worker_across_replicas() {
         served.push(successes(url).await);
     }
     served.sort_by(f64::total_cmp);
-    assert_eq!(served, vec![0.0, 0.0, 5.0], "one worker served all five turns");
+    assert_eq!(
+        served,
+        vec![0.0, 0.0, 5.0],
+        "one worker served all five turns"
+    );
     let owner = {
         let mut o = 0;
         for (i, url) in u.iter().enumerate() {

@@ -68,7 +68,11 @@ pub fn find_owner<'s>(
     };
     preferred
         .and_then(within)
-        .or_else(|| snap.pools.iter().find_map(|p| snap.pool_route(&p.name).and_then(within)))
+        .or_else(|| {
+            snap.pools
+                .iter()
+                .find_map(|p| snap.pool_route(&p.name).and_then(within))
+        })
         .or_else(|| snap.routes.values().find_map(within))
 }
 
@@ -240,9 +244,9 @@ mod tests {
     }
 
     async fn rewrite_chunks(chunks: Vec<&'static str>) -> String {
-        let frames = chunks
-            .into_iter()
-            .map(|c| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(c.as_bytes()))));
+        let frames = chunks.into_iter().map(|c| {
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(c.as_bytes())))
+        });
         let body = StreamBody::new(futures_util::stream::iter(frames));
         let r = IdRewriter::new(body, 0xab);
         let bytes = r.collect().await.unwrap().to_bytes();
@@ -253,7 +257,8 @@ mod tests {
     async fn rewrites_ids_across_chunk_boundaries_and_leaves_text_alone() {
         let tok = "resp_sy00000000000000ab";
         for split in 1..30 {
-            let src = r#"{"id":"resp_1","previous_response_id":"resp_0","text":"say \"id\":\"resp_x"}"#;
+            let src =
+                r#"{"id":"resp_1","previous_response_id":"resp_0","text":"say \"id\":\"resp_x"}"#;
             let (a, b) = src.split_at(split);
             let a: &'static str = Box::leak(a.to_string().into_boxed_str());
             let b: &'static str = Box::leak(b.to_string().into_boxed_str());

@@ -36,7 +36,12 @@ pub async fn forward_with_fallbacks<'a>(
         telemetry::record_fallback(&route.pool.name, &next.pool.name);
         ctx = ForwardContext {
             route: next,
-            body: rewrite_model(body, next.pool.config.upstream_model.as_deref())?,
+            body: super::cancel::with_rid(
+                rewrite_model(body, next.pool.config.upstream_model.as_deref())?,
+                &next.pool.config,
+                ctx.endpoint,
+                ctx.request_id,
+            )?,
             ..ctx
         };
     }

@@ -452,6 +452,30 @@ async fn send_prepared(
     }
 }
 
+/// How the engine learns the client left: SGLang pools get an abort on the
+/// answering worker and, in a disaggregated request, its prefill worker.
+fn cancel_for(
+    ctx: &ForwardContext<'_>,
+    worker: &Worker,
+    prefill: Option<&str>,
+) -> Option<super::cancel::Cancel> {
+    let pool = &ctx.route.pool;
+    if pool.config.engine != crate::config::EngineKind::Sglang {
+        return None;
+    }
+    let mut workers = vec![worker.id.clone()];
+    if let Some(p) = ctx.route.workers.iter().find(|w| Some(&*w.id) == prefill) {
+        workers.push(p.id.clone());
+    }
+    Some(super::cancel::Cancel::new(
+        ctx.client,
+        &pool.config,
+        pool.upstream_auth.as_ref(),
+        workers,
+        ctx.body.clone(),
+    ))
+}
+
 /// Wrap the upstream response for the client: hop-by-hop headers dropped, body
 /// observed, debug route header when enabled.
 pub(crate) fn respond(
@@ -494,6 +518,7 @@ pub(crate) fn respond(
             guard,
             tags: ctx.tags.clone(),
             route,
+            cancel: cancel_for(ctx, worker, note.prefill),
         },
     );
     if ctx.endpoint == Endpoint::Responses {

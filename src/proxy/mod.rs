@@ -4,6 +4,7 @@
 
 pub mod affinity;
 mod attempts;
+pub mod cancel;
 pub(crate) mod disagg;
 mod error;
 mod fallback;

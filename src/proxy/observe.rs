@@ -78,6 +78,9 @@ pub struct ObserveParams {
     pub tags: Arc<RequestTags>,
     /// The route this response took.
     pub route: RouteTags,
+    /// How to tell the engine when the client leaves (SGLang pools); other
+    /// engines see the connection close.
+    pub cancel: Option<super::cancel::Cancel>,
 }
 
 /// Measurements taken from the bytes as they pass.
@@ -239,6 +242,12 @@ fn carries_content(data: &[u8]) -> bool {
 impl Drop for Observer {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        if outcome == Outcome::Cancelled {
+            match self.p.cancel.take() {
+                Some(c) => c.fire(),
+                None => super::cancel::count(&self.p.route.worker, "connection_closed"),
+            }
+        }
         let u = self.usage.unwrap_or_default();
         let m = RequestMetrics {
             ttft: self.first_content.map(|t| t.duration_since(self.p.start)),

@@ -165,15 +165,22 @@ mod tests {
 
     #[tokio::test]
     async fn finds_the_model_in_any_chunking_and_forwards_every_byte() {
-        let text = form(&[("model", None, "whisper-1"), ("file", Some("a.wav"), &"A".repeat(300))]);
+        let text = form(&[
+            ("model", None, "whisper-1"),
+            ("file", Some("a.wav"), &"A".repeat(300)),
+        ]);
         for chunk in [1, 7, 64, 4096] {
-            let (m, u) = split_model(body(text.clone(), chunk), "XyZ", 1 << 20).await.unwrap();
+            let (m, u) = split_model(body(text.clone(), chunk), "XyZ", 1 << 20)
+                .await
+                .unwrap();
             assert_eq!(m, "whisper-1");
             assert_eq!(forwarded(u).await, text, "chunk {chunk}");
         }
         // The model after the file: found once the body is read.
         let late = form(&[("file", Some("a.wav"), "AAAA"), ("model", None, "w2")]);
-        let (m, u) = split_model(body(late.clone(), 5), "XyZ", 1 << 20).await.unwrap();
+        let (m, u) = split_model(body(late.clone(), 5), "XyZ", 1 << 20)
+            .await
+            .unwrap();
         assert_eq!(m, "w2");
         assert_eq!(forwarded(u).await, late);
     }
@@ -181,13 +188,21 @@ mod tests {
     #[tokio::test]
     async fn no_model_and_too_large_are_errors() {
         let text = form(&[("file", Some("a.wav"), "AAAA")]);
-        let e = split_model(body(text, 3), "XyZ", 1 << 20).await.unwrap_err();
+        let e = split_model(body(text, 3), "XyZ", 1 << 20)
+            .await
+            .unwrap_err();
         assert!(matches!(e, GatewayError::MissingModel), "{e}");
-        let big = form(&[("file", Some("a.wav"), &"A".repeat(5000)), ("model", None, "m")]);
+        let big = form(&[
+            ("file", Some("a.wav"), &"A".repeat(5000)),
+            ("model", None, "m"),
+        ]);
         let e = split_model(body(big, 100), "XyZ", 1000).await.unwrap_err();
         assert!(matches!(e, GatewayError::BodyTooLarge(1000)), "{e}");
         // Past the peek, the limit still holds on the forwarded stream.
-        let text = form(&[("model", None, "m"), ("file", Some("a.wav"), &"A".repeat(5000))]);
+        let text = form(&[
+            ("model", None, "m"),
+            ("file", Some("a.wav"), &"A".repeat(5000)),
+        ]);
         let (_, u) = split_model(body(text, 100), "XyZ", 1000).await.unwrap();
         assert!(u.take().unwrap().collect().await.is_err());
     }

@@ -174,7 +174,12 @@ impl<'a> Inbound<'a> {
             client: &self.gw.client,
             route,
             parts: self.parts,
-            body: proxy::rewrite_model(&body, route.pool.config.upstream_model.as_deref())?,
+            body: proxy::cancel::with_rid(
+                proxy::rewrite_model(&body, route.pool.config.upstream_model.as_deref())?,
+                &route.pool.config,
+                self.endpoint,
+                self.request_id,
+            )?,
             info: &info,
             endpoint: self.endpoint,
             request_id: self.request_id,
@@ -240,8 +245,8 @@ impl<'a> Inbound<'a> {
         let path = self.parts.uri.path();
         let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
         let (id, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let (token, engine_id) =
-            affinity::decode(id).ok_or_else(|| GatewayError::UnknownResponse(api::error::echo(id)))?;
+        let (token, engine_id) = affinity::decode(id)
+            .ok_or_else(|| GatewayError::UnknownResponse(api::error::echo(id)))?;
         let (route, idx) = affinity::find_owner(self.snap, None, token).ok_or_else(|| {
             tracing::warn!(id = %id, "stored response's worker is gone");
             GatewayError::ResponseOwnerGone(api::error::echo(id))
@@ -251,7 +256,11 @@ impl<'a> Inbound<'a> {
             t.pool = Some(route.pool.metrics.name.clone());
         }
         let mut parts = self.parts.clone();
-        let query = parts.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        let query = parts
+            .uri
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
         parts.uri = format!("/v1/responses/{engine_id}{tail}{query}")
             .parse()
             .map_err(|_| GatewayError::UnknownResponse(api::error::echo(id)))?;
@@ -382,16 +391,15 @@ impl<'a> Inbound<'a> {
         body: Bytes,
         residency: Option<&Residency>,
     ) -> Result<(&'a Arc<ModelRoute>, Bytes), GatewayError> {
-        let name = info
-            .model
-            .as_deref()
-            .ok_or(if self.endpoint == Endpoint::Other
+        let name = info.model.as_deref().ok_or(
+            if self.endpoint == Endpoint::Other
                 && !api::inspect::MODEL_PATHS.contains(&self.parts.uri.path())
             {
                 GatewayError::NotFound(api::error::echo(self.parts.uri.path()))
             } else {
                 GatewayError::MissingModel
-            })?;
+            },
+        )?;
         let session = self
             .parts
             .headers

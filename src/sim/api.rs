@@ -19,7 +19,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -53,6 +53,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/version", get(version))
         .route("/metrics", get(prom))
         .route("/get_load", get(get_load))
+        .route("/abort_request", post(super::abort::abort_request))
         .route("/get_model_info", get(get_model_info))
         .route("/sim/faults", post(set_faults).get(get_faults))
         .route("/sim/info", get(info))
@@ -352,6 +353,9 @@ struct Gen {
     echo: Map<String, Value>,
     /// Responses API: the conversation so far, stored with the answer.
     turns: responses::Turns,
+    /// SGLang's request id (`rid` in the body, else `X-Request-Id`), which
+    /// `/abort_request` names.
+    rid: Option<String>,
 }
 
 pub(super) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
@@ -669,6 +673,7 @@ impl Gen {
             nixl_prefill,
             echo,
             turns,
+            rid: v.get("rid").and_then(Value::as_str).map(String::from),
         })
     }
 }
@@ -787,6 +792,12 @@ async fn generate(
         Ok(g) => g,
         Err(r) => return r.into_response(),
     };
+    if g.rid.is_none() {
+        g.rid = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+    }
     let slow = match fault {
         Some(Fault::Slow(ms)) => Duration::from_millis(ms),
         _ => Duration::ZERO,
@@ -1155,15 +1166,32 @@ async fn produce(
     if die_after == Some(0) {
         return die(tx).await;
     }
+    // `/abort_request` may name this request; a client that left stops it
+    // only when the engine notices disconnects.
+    let entry = g.rid.as_deref().map(|r| s.aborts.register(r));
+    let signal = entry
+        .as_ref()
+        .map_or_else(|| Arc::new(Notify::new()), |e| e.signal.clone());
+    let mut gone = false;
+    let ignore = s.cfg.ignore_disconnect;
     if let Some(b) = w.start() {
         if tx.send(Ok(b)).await.is_err() {
-            return;
+            if !ignore {
+                return;
+            }
+            gone = true;
         }
     }
     let mut counts = vec![0usize; g.outputs.len()];
     let mut totals = Totals::default();
     let mut sent = 0usize;
-    while let Some(e) = g.events.recv().await {
+    loop {
+        let e = tokio::select! {
+            e = g.events.recv() => e,
+            // Returning drops the event receiver: the engine aborts.
+            _ = signal.notified() => return,
+        };
+        let Some(e) = e else { break };
         match e {
             Event::Token { index, tok, finish } => {
                 let i = index as usize;
@@ -1173,8 +1201,11 @@ async fn produce(
                     .map(|f| o.finish_reason(f));
                 let frame = w.token(i, o, counts[i] == 0, o.piece(tok, counts[i]), fin);
                 counts[i] += 1;
-                if tx.send(Ok(frame)).await.is_err() {
-                    return;
+                if !gone && tx.send(Ok(frame)).await.is_err() {
+                    if !ignore {
+                        return;
+                    }
+                    gone = true;
                 }
                 sent += 1;
                 if die_after.is_some_and(|d| sent >= d) {

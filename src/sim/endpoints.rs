@@ -49,8 +49,10 @@ pub(super) async fn tokenize(State(s): S, body: Bytes) -> Response {
             })),
             _ => return Err(bad("prompt: field required (a string), or messages")),
         };
-        Ok(json!({"count": tokens.len(), "max_model_len": s.cfg.max_model_len,
-                  "tokens": tokens, "token_strs": null}))
+        Ok(
+            json!({"count": tokens.len(), "max_model_len": s.cfg.max_model_len,
+                  "tokens": tokens, "token_strs": null}),
+        )
     })())
 }
 
@@ -104,7 +106,10 @@ pub(super) async fn rerank(State(s): S, body: Bytes) -> Response {
     answer((|| {
         let v = parse_json(&body)?;
         let model = model_of(&s, &v)?;
-        let query = v.get("query").and_then(Value::as_str).ok_or_else(|| bad("query: field required"))?;
+        let query = v
+            .get("query")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("query: field required"))?;
         let docs = v
             .get("documents")
             .and_then(Value::as_array)
@@ -118,14 +123,19 @@ pub(super) async fn rerank(State(s): S, body: Bytes) -> Response {
             results.push((i, text, relevance(query, text)));
         }
         results.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)));
-        let top = v.get("top_n").and_then(Value::as_u64).map_or(results.len(), |n| n as usize);
+        let top = v
+            .get("top_n")
+            .and_then(Value::as_u64)
+            .map_or(results.len(), |n| n as usize);
         let results: Vec<Value> = results
             .into_iter()
             .take(top)
             .map(|(i, t, r)| json!({"index": i, "document": {"text": t}, "relevance_score": r}))
             .collect();
-        Ok(json!({"id": format!("rerank-{}", uuid::Uuid::new_v4().simple()), "model": model,
-                  "usage": {"total_tokens": tokens}, "results": results}))
+        Ok(
+            json!({"id": format!("rerank-{}", uuid::Uuid::new_v4().simple()), "model": model,
+                  "usage": {"total_tokens": tokens}, "results": results}),
+        )
     })())
 }
 
@@ -134,21 +144,31 @@ pub(super) async fn score(State(s): S, body: Bytes) -> Response {
     answer((|| {
         let v = parse_json(&body)?;
         let model = model_of(&s, &v)?;
-        let one = v.get("text_1").and_then(Value::as_str).ok_or_else(|| bad("text_1: field required"))?;
+        let one = v
+            .get("text_1")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("text_1: field required"))?;
         let two: Vec<&str> = match v.get("text_2") {
             Some(Value::String(t)) => vec![t.as_str()],
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
-            _ => return Err(bad("text_2: field required (a string or a list of strings)")),
+            _ => {
+                return Err(bad(
+                    "text_2: field required (a string or a list of strings)",
+                ))
+            }
         };
         let data: Vec<Value> = two
             .iter()
             .enumerate()
             .map(|(i, t)| json!({"index": i, "object": "score", "score": relevance(one, t)}))
             .collect();
-        let tokens: usize = tokenizer::count(one) * two.len() + two.iter().map(|t| tokenizer::count(t)).sum::<usize>();
-        Ok(json!({"id": format!("score-{}", uuid::Uuid::new_v4().simple()), "object": "list",
+        let tokens: usize = tokenizer::count(one) * two.len()
+            + two.iter().map(|t| tokenizer::count(t)).sum::<usize>();
+        Ok(
+            json!({"id": format!("score-{}", uuid::Uuid::new_v4().simple()), "object": "list",
                   "created": now_secs(), "model": model, "data": data,
-                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}))
+                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
+        )
     })())
 }
 

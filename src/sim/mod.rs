@@ -15,6 +15,7 @@
 //! - `profiles`: named parameter sets from published figures
 //! - `cli`: `SimArgs` and [`run`]
 
+mod abort;
 mod api;
 mod cli;
 mod endpoints;
@@ -130,6 +131,9 @@ pub struct SimConfig {
     pub embedding_dim: usize,
     /// Faults active from the start.
     pub faults: Faults,
+    /// Keep generating a streamed request whose client left, until it ends or
+    /// `/abort_request` (SGLang) names its `rid`.
+    pub ignore_disconnect: bool,
 }
 
 impl SimConfig {
@@ -158,6 +162,7 @@ impl SimConfig {
             kv_transfer_base_ms: 2.0,
             kv_transfer_per_token_ms: 0.002,
             mean_output_tokens: 200,
+            ignore_disconnect: false,
             embedding_dim: 1024,
             faults: Faults::default(),
         }
@@ -237,6 +242,8 @@ pub(crate) struct Shared {
     pub responses: responses::Store,
     /// Bytes of audio uploads received so far (counted as they arrive).
     pub audio_bytes: AtomicU64,
+    /// Streamed requests by `rid`, to stop on `/abort_request`.
+    pub aborts: abort::Registry,
 }
 
 /// A running simulated engine. Dropping the handle kills the engine (as
@@ -284,6 +291,7 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
         started,
         responses: responses::Store::default(),
         audio_bytes: AtomicU64::new(0),
+        aborts: abort::Registry::default(),
         cfg,
     });
     let (kill, _) = watch::channel(false);
@@ -322,9 +330,16 @@ impl SimHandle {
     }
 
     /// Replace the active faults (same as `POST /sim/faults`).
+    /// `/abort_request` calls received (SGLang).
+    pub fn aborts_received(&self) -> u64 {
+        self.shared.aborts.calls()
+    }
+
     /// Bytes of audio uploads received so far, counted as they arrive.
     pub fn audio_bytes_received(&self) -> u64 {
-        self.shared.audio_bytes.load(std::sync::atomic::Ordering::Relaxed)
+        self.shared
+            .audio_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn set_faults(&self, f: Faults) {

@@ -6,6 +6,6 @@ mod body;
 mod client;
 pub mod retry_budget;
 
-pub(crate) use client::origin_form;
 pub use body::{BoxError, UpstreamBody};
+pub(crate) use client::origin_form;
 pub use client::{UpstreamClient, UpstreamError};
