@@ -78,8 +78,10 @@ async fn n_and_best_of_stream_every_choice_and_count_what_the_engine_bills() {
     // Completions with best_of = 3, n = 2: two returned, three generated and billed.
     let v: Value = client()
         .post(format!("{url}/v1/completions"))
-        .json(&json!({"model": model, "prompt": "Once upon a time", "n": 2, "best_of": 3,
-                      "max_tokens": 3, "ignore_eos": true}))
+        .json(
+            &json!({"model": model, "prompt": "Once upon a time", "n": 2, "best_of": 3,
+                      "max_tokens": 3, "ignore_eos": true}),
+        )
         .send()
         .await
         .unwrap()
@@ -93,8 +95,10 @@ async fn n_and_best_of_stream_every_choice_and_count_what_the_engine_bills() {
     // Streamed completions, n = 2, with usage.
     let r = client()
         .post(format!("{url}/v1/completions"))
-        .json(&json!({"model": model, "prompt": "Twice", "n": 2, "max_tokens": 3, "stream": true,
-                      "ignore_eos": true, "stream_options": {"include_usage": true}}))
+        .json(
+            &json!({"model": model, "prompt": "Twice", "n": 2, "max_tokens": 3, "stream": true,
+                      "ignore_eos": true, "stream_options": {"include_usage": true}}),
+        )
         .send()
         .await
         .unwrap();

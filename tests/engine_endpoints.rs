@@ -156,10 +156,28 @@ async fn an_audio_upload_reaches_the_worker_before_the_client_finished_sending()
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let r = send("/v1/audio/transcriptions", vec![b'A'; 4_000_001])
+    // Over the limit by its declared length: refused before the body is read
+    // (the client still holds the rest, so the answer is not lost in a reset).
+    let (big_tx, big_rx) = tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(1);
+    big_tx
+        .send(Ok(upload_head(&model).into_bytes().into()))
+        .await
+        .unwrap();
+    let r = client()
+        .post(format!("{}/v1/audio/transcriptions", gw.url))
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={BOUNDARY}"),
+        )
+        .header("content-length", "4000001")
+        .body(reqwest::Body::wrap_stream(
+            tokio_stream::wrappers::ReceiverStream::new(big_rx),
+        ))
+        .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 413);
+    drop(big_tx);
     let no_model = format!(
         "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nAAAA\r\n--{BOUNDARY}--\r\n"
     );
@@ -176,4 +194,58 @@ async fn an_audio_upload_reaches_the_worker_before_the_client_finished_sending()
         .await
         .unwrap();
     assert_eq!(r.status(), 400, "a JSON body is not an upload");
+}
+
+#[tokio::test]
+async fn models_merge_pools_aliases_and_adapters_with_engine_metadata() {
+    let sims = sims(1, 20.0).await;
+    let model = sim_model();
+    let u = urls(&sims);
+    let file = config_file(
+        "models",
+        &pool_toml(
+            &model,
+            &[&u[0]],
+            "aliases = [\"tiny-alias\"]\nlora_adapters = [\"my-lora\"]",
+        ),
+    );
+    let gw = serve_binary(&file).await;
+    let list: Value = client()
+        .get(format!("{}/v1/models", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let card = |id: &str| {
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap_or_else(|| panic!("{id} listed: {list}"))
+            .clone()
+    };
+    let max_len = sims[0].config().max_model_len;
+    let base = card(&model);
+    assert_eq!(base["max_model_len"], json!(max_len), "{base}");
+    assert_eq!(base["owned_by"], "vllm", "the engine's owner: {base}");
+    assert_eq!(base["root"], json!(model));
+    assert!(base.get("parent").is_none(), "{base}");
+    let alias = card("tiny-alias");
+    assert_eq!(alias["parent"], json!(model), "{alias}");
+    assert_eq!(alias["max_model_len"], json!(max_len));
+    let lora = card("my-lora");
+    assert_eq!(lora["parent"], json!(model), "{lora}");
+    assert_eq!(lora["max_model_len"], json!(max_len));
+    let one: Value = client()
+        .get(format!("{}/v1/models/tiny-alias", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(one["parent"], json!(model), "{one}");
 }

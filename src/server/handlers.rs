@@ -1,7 +1,7 @@
 //! Route handlers: the proxy entry point and the gateway's own endpoints.
 
 use super::{request_id, Gateway};
-use crate::api::{self, inspect::InspectError, models::ModelCard, models::ModelList, Endpoint};
+use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::pool::{ModelRoute, Snapshot};
 use crate::proxy::{self, affinity, ForwardContext, GatewayError, SESSION_HEADER};
@@ -612,7 +612,7 @@ where
 
 /// `GET /v1/models`: every model name and alias the gateway serves.
 pub async fn models(State(gw): State<Arc<Gateway>>) -> Json<ModelList> {
-    Json(ModelList::new(gw.registry.snapshot().model_names()))
+    Json(super::models::list(&gw).await)
 }
 
 /// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): one served model, or a
@@ -623,7 +623,10 @@ pub async fn model(
 ) -> Response {
     let known = gw.registry.snapshot().model_names().contains(&id);
     if known {
-        return Json(ModelCard::new(id)).into_response();
+        let list = super::models::list(&gw).await;
+        if let Some(c) = list.data.into_iter().find(|c| c.id == id) {
+            return Json(c).into_response();
+        }
     }
     let e = GatewayError::UnknownModel(api::error::echo(&id));
     telemetry::record_gateway_error(None, e.reason(), 404);

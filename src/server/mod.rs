@@ -5,6 +5,7 @@ pub mod admin;
 mod conn;
 pub mod dashboard;
 mod handlers;
+mod models;
 mod reload;
 mod request_id;
 pub mod shards;
