@@ -95,14 +95,15 @@ where
     };
     let head = futures_util::stream::iter(read.into_iter().map(|b| Ok(Frame::data(b))));
     let rest = BodyStream::new(Limited::new(body, limit - len));
-    let stream = head.chain(rest.map(|f| f.map_err(BoxError::from)));
+    let stream = head.chain(rest);
     let upload = UpstreamBody::streamed(StreamBody::new(stream));
     Ok((model, Upload(Mutex::new(Some(upload)))))
 }
 
 /// Parse the bytes read so far with `multer`.
 async fn peek(read: &[Bytes], boundary: &str, eof: bool) -> Result<Peek, GatewayError> {
-    let chunks = read.to_vec().into_iter().map(Ok::<Bytes, std::io::Error>);
+    // multer needs an owned stream: the chunks are cheap `Bytes` clones.
+    let chunks: Vec<Result<Bytes, std::io::Error>> = read.iter().cloned().map(Ok).collect();
     let mut form = multer::Multipart::new(futures_util::stream::iter(chunks), boundary);
     loop {
         match form.next_field().await {

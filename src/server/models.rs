@@ -69,7 +69,7 @@ fn card(snap: &Snapshot, fetched: &Fetched, name: String) -> ModelCard {
     let engine = fetched.get(&*pool.name);
     let upstream = pool.config.upstream_model.as_deref();
     let find = |id: &str| engine.and_then(|m| m.get(upstream.unwrap_or(id)).or_else(|| m.get(id)));
-    let adapter = pool.config.lora_adapters.iter().any(|a| *a == name);
+    let adapter = pool.config.lora_adapters.contains(&name);
     let base_name = if adapter {
         pool.config.models.first().cloned().or_else(|| {
             pool.workers
