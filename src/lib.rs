@@ -5,6 +5,9 @@
 //! `upstream` (client) → `telemetry` → `config`, `api`, `runtime`. A layer uses
 //! only layers below it (`tests/layers.rs` checks; docs/architecture.md#layers).
 #![forbid(unsafe_code)]
+// clippy.toml names what is banned; the ban holds for the gateway's own code (tests
+// and benches, which are not on the request path, allow it in Cargo.toml).
+#![deny(clippy::disallowed_methods, clippy::disallowed_types)]
 
 pub mod api;
 pub mod cli;

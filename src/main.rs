@@ -1,6 +1,7 @@
-//! The `switchyard` binary: `serve`, `sim`, `demo`, `check-config`.
+//! The `switchyard` binary: `serve`, `sim`, `demo`, `check-config`, `health`,
+//! `completions`.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use switchyard::cli::{self, ServeArgs};
@@ -12,7 +13,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Parser)]
 #[command(
     name = "switchyard",
-    version,
+    version = cli::VERSION,
     about = "L7 inference gateway for OpenAI-compatible engines"
 )]
 struct Cli {
@@ -40,6 +41,14 @@ enum Command {
     Sim(Box<switchyard::sim::SimArgs>),
     /// Simulated workers and a gateway in one process, ready to try.
     Demo(switchyard::demo::DemoArgs),
+    /// Probe a running gateway's health endpoint once; exit 0 on a 2xx answer
+    /// (a container HEALTHCHECK without curl).
+    Health(cli::HealthArgs),
+    /// Print a shell completion script to stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 fn init_logging(format: &str) {
@@ -143,14 +152,26 @@ fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAdd
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.cmd {
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "switchyard",
+            &mut std::io::stdout(),
+        );
+        return ExitCode::SUCCESS;
+    }
     init_logging(&cli.log_format);
-    if !matches!(cli.cmd, Command::CheckConfig { .. }) {
+    if matches!(
+        cli.cmd,
+        Command::Serve(_) | Command::Sim(_) | Command::Demo(_)
+    ) {
         raise_open_file_limit();
     }
     let mut rt = tokio::runtime::Builder::new_multi_thread();
-    if matches!(cli.cmd, Command::Serve(_)) {
+    if matches!(cli.cmd, Command::Serve(_) | Command::Health(_)) {
         // Requests are served on their own threads (server::shards); this runtime
-        // runs only the background work.
+        // runs only the background work. A health probe needs no more either.
         rt.worker_threads(1);
     }
     let rt = rt.enable_all().build().expect("tokio runtime");
@@ -168,6 +189,11 @@ fn main() -> ExitCode {
                 println!("{}", cli::check_config(&file, secrets)?);
                 Ok(())
             }
+            Command::Health(a) => {
+                println!("{}", cli::health_probe(&a).await?);
+                Ok(())
+            }
+            Command::Completions { .. } => Ok(()),
         }
     });
     match result {

@@ -15,6 +15,28 @@ fn example_configs_validate() {
     assert!(n >= 1, "no example configs found");
 }
 
+/// The configs shipped for containers (`docker/*.toml`: the image's default and
+/// the Compose files') validate too; their secrets are not set here.
+#[test]
+fn container_configs_validate() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docker");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let (ok, out, err) =
+                switchyard(&["check-config", "--no-secrets", path.to_str().unwrap()]);
+            assert!(ok, "{}: {err}", path.display());
+            assert!(out.contains(": ok ("), "{out}");
+            n += 1;
+        }
+    }
+    assert!(
+        n >= 3,
+        "expected the image's and both Compose configs, found {n}"
+    );
+}
+
 /// Run `switchyard ARGS…`: (success, stdout, stderr).
 fn switchyard(args: &[&str]) -> (bool, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))

@@ -282,3 +282,36 @@ async fn a_prompt_the_prefill_worker_already_caches_skips_disaggregation() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn translated_anthropic_messages_take_both_legs() {
+    let prefill = worker(Role::Prefill, EngineKind::Vllm).await;
+    let decode = worker(Role::Decode, EngineKind::Vllm).await;
+    let gw = gateway(&pd_toml(
+        "pd-messages",
+        "vllm",
+        &[(&prefill.url(), "prefill"), (&decode.url(), "decode")],
+        "anthropic = \"translate\"",
+    ))
+    .await;
+    let body = json!({"model": sim_model(), "stream": true, "max_tokens": 6,
+                      "system": "a long shared document ".repeat(200),
+                      "messages": [{"role": "user", "content": "summarise"}]});
+    let r = client()
+        .post(format!("{}/v1/messages", gw.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("event: content_block_delta"), "{text}");
+    assert!(
+        text.trim_end()
+            .ends_with("data: {\"type\":\"message_stop\"}"),
+        "{text}"
+    );
+    assert_eq!(prefill.requests_received(), 1);
+    assert_eq!(decode.requests_received(), 1);
+    gw.shutdown().await;
+}

@@ -14,6 +14,10 @@ pub enum Endpoint {
     Completions,
     Embeddings,
     Responses,
+    /// Anthropic's Messages API.
+    Messages,
+    /// Anthropic's `/v1/messages/count_tokens`.
+    CountTokens,
     /// Any other `/v1/...` path carrying a JSON body with a `model`.
     Other,
 }
@@ -25,6 +29,8 @@ impl Endpoint {
             Endpoint::Completions => "completions",
             Endpoint::Embeddings => "embeddings",
             Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
+            Endpoint::CountTokens => "count_tokens",
             Endpoint::Other => "other",
         }
     }
@@ -40,8 +46,15 @@ impl Endpoint {
             "/v1/completions" => Endpoint::Completions,
             "/v1/embeddings" => Endpoint::Embeddings,
             "/v1/responses" => Endpoint::Responses,
+            "/v1/messages" => Endpoint::Messages,
+            "/v1/messages/count_tokens" => Endpoint::CountTokens,
             _ => Endpoint::Other,
         }
+    }
+
+    /// Does the client speak Anthropic's Messages API (and expect its error shape)?
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, Endpoint::Messages | Endpoint::CountTokens)
     }
 }
 
@@ -69,7 +82,9 @@ pub struct RequestInfo {
     pub cache_salt: Option<String>,
     pub max_tokens: Option<u64>,
     /// Raw JSON text of `messages` (chat), `prompt` (completions) or `input`
-    /// (embeddings, responses): a zero-copy slice of the body.
+    /// (embeddings, responses): a zero-copy slice of the body. With a
+    /// top-level `system` (Anthropic Messages), the system prompt's text
+    /// followed by the messages' (a copy: the two are apart in the body).
     pub routing_text: Option<Bytes>,
     /// `previous_response_id` (Responses API): the stored response this request
     /// continues, which only its owner holds.
@@ -92,6 +107,8 @@ struct Probe<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
     #[serde(borrow, default)]
     messages: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -121,12 +138,17 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
         return Ok(RequestInfo::default());
     }
     let p: Probe<'_> = serde_json::from_slice(body).map_err(|e| explain(body, e))?;
-    let text = p.messages.or(p.prompt).or(p.input).map(|raw| {
+    let slice = |raw: &RawValue| {
         let s = raw.get().as_bytes();
         // `raw` borrows from `body`, so its offset is within it.
         let start = s.as_ptr() as usize - body.as_ptr() as usize;
         body.slice(start..start + s.len())
-    });
+    };
+    let text = p.messages.or(p.prompt).or(p.input).map(slice);
+    let text = match (p.system.filter(|s| s.get() != "null"), text) {
+        (Some(system), Some(t)) => Some(Bytes::from([system.get().as_bytes(), &t[..]].concat())),
+        (_, t) => t,
+    };
     Ok(RequestInfo {
         model: p.model.map(Cow::into_owned),
         stream: p.stream.unwrap_or(false),
@@ -213,6 +235,21 @@ mod tests {
             &i.routing_text.unwrap()[..],
             br#"[{"role":"user","content":"hi"}]"#
         );
+    }
+
+    #[test]
+    fn system_prompt_leads_the_routing_text() {
+        let body = Bytes::from_static(
+            br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}],"system":"be brief"}"#,
+        );
+        let i = inspect(&body).unwrap();
+        assert_eq!(
+            &i.routing_text.unwrap()[..],
+            br#""be brief"[{"role":"user","content":"hi"}]"#
+        );
+        assert_eq!(i.max_tokens, Some(5));
+        assert_eq!(Endpoint::from_path("/v1/messages"), Endpoint::Messages);
+        assert!(Endpoint::from_path("/v1/messages/count_tokens").is_anthropic());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The few OpenAI wire shapes the gateway reads or writes: the request features it
 //! inspects for routing, the error body, and the models list.
 
+pub mod anthropic;
 pub mod error;
 pub mod inspect;
 pub mod models;

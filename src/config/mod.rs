@@ -39,6 +39,7 @@ use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::num::NonZeroU32;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Default listen address for the OpenAI-compatible listener.
@@ -190,44 +191,9 @@ impl PolicyKind {
     }
 }
 
-/// Scorers a `weighted` pipeline can combine; each scores a worker in [0, 1].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ScorerKind {
-    /// Fraction of the request's leading prefix blocks the worker recently served.
-    Prefix,
-    /// Lower estimated queue (waiting + running + local corrections) scores higher.
-    Queue,
-    /// Cheaper `price_per_mtok` scores higher.
-    Cost,
-    /// 1 for the rendezvous owner of the request's session key, else 0.
-    Session,
-    /// Lower KV-cache usage scores higher.
-    Kv,
-}
-
-impl ScorerKind {
-    pub const ALL: &'static [ScorerKind] = &[
-        ScorerKind::Prefix,
-        ScorerKind::Queue,
-        ScorerKind::Cost,
-        ScorerKind::Session,
-        ScorerKind::Kv,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScorerKind::Prefix => "prefix",
-            ScorerKind::Queue => "queue",
-            ScorerKind::Cost => "cost",
-            ScorerKind::Session => "session",
-            ScorerKind::Kv => "kv",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ScorerKind> {
-        Self::ALL.iter().copied().find(|p| p.as_str() == s)
-    }
-}
+/// A scorer's name in `[pools.routing].scorers`. Routing owns the list of names
+/// (`routing::scorers`), and `routing::scorers::unknown_names` reports the rest.
+pub type ScorerName = Arc<str>;
 
 /// Per-pool routing settings (`[pools.routing]`), validated.
 #[derive(Clone, Debug, PartialEq)]
@@ -257,7 +223,7 @@ pub struct RoutingConfig {
     /// Only workers whose labels include all of these are eligible.
     pub require_labels: BTreeMap<String, String>,
     /// Scorers and weights of a `weighted` pool (empty for the presets).
-    pub scorers: Vec<(ScorerKind, f64)>,
+    pub scorers: Vec<(ScorerName, f64)>,
     /// Regions within this round trip (ms) of the gateway's region count as local
     /// for this pool (0: only the gateway's own region).
     pub max_added_latency_ms: u32,
@@ -392,13 +358,14 @@ fn stats_timing(
 }
 
 /// `[pools.routing].scorers` (`key`): only with (and required by) policy
-/// `weighted`; known names, each once, with finite weights > 0.
+/// `weighted`; each name once, with finite weights > 0 (which names exist is
+/// routing's to say).
 fn validate_scorers(
     key: &Key,
     raw: Option<&[RawScorer]>,
     policy: Option<PolicyKind>,
     p: &mut Problems,
-) -> Vec<(ScorerKind, f64)> {
+) -> Vec<(ScorerName, f64)> {
     match (raw, policy) {
         (None, Some(PolicyKind::Weighted)) => {
             p.push(format!("{key}: policy `weighted` needs a list of scorers"))
@@ -411,19 +378,6 @@ fn validate_scorers(
     let mut scorers = Vec::new();
     for (i, s) in raw.unwrap_or_default().iter().enumerate() {
         let at = key.index(i);
-        let kind = ScorerKind::parse(&s.name);
-        if kind.is_none() {
-            p.push(format!(
-                "{}: unknown scorer `{}` (expected one of: {})",
-                at.field("name"),
-                s.name,
-                ScorerKind::ALL
-                    .iter()
-                    .map(|k| k.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
         if !(s.weight.is_finite() && s.weight > 0.0) {
             p.push(format!(
                 "{}: must be a finite number > 0 (got {})",
@@ -432,13 +386,15 @@ fn validate_scorers(
             ));
             continue;
         }
-        let Some(kind) = kind else { continue };
-        if scorers.iter().any(|(k, _)| *k == kind) {
+        if scorers
+            .iter()
+            .any(|(k, _): &(ScorerName, f64)| **k == *s.name)
+        {
             let name = at.field("name");
             p.push(format!("{name}: scorer `{}` listed twice", s.name));
             continue;
         }
-        scorers.push((kind, s.weight));
+        scorers.push((ScorerName::from(s.name.as_str()), s.weight));
     }
     if raw.is_some_and(|v| v.is_empty()) {
         p.push(format!("{key}: must not be empty"));
@@ -615,6 +571,8 @@ pub struct PoolConfig {
     pub dns: Option<DnsConfig>,
     pub disaggregation: Option<DisaggConfig>,
     pub upstream_model: Option<String>,
+    /// How `/v1/messages` reaches this pool's workers.
+    pub anthropic: AnthropicMode,
     pub upstream_ca_file: Option<String>,
     /// Pool names, in order.
     pub fallback: Vec<String>,
@@ -685,6 +643,15 @@ impl From<RawConfig> for Parsed {
 }
 
 impl Parsed {
+    /// Add the problems a higher layer finds in the raw config (e.g. scorer
+    /// names routing does not know), so they are reported with all the others.
+    pub fn check_with(mut self, check: impl FnOnce(&RawConfig) -> Vec<String>) -> Parsed {
+        for problem in check(&self.raw) {
+            self.problems.push(problem);
+        }
+        self
+    }
+
     /// Validate, reporting the reading problems and the validation problems
     /// together (a TOML syntax error alone ends the check).
     pub fn validate(self, secrets: Secrets) -> Result<Checked, ConfigError> {
@@ -1178,6 +1145,7 @@ fn validate_pool(
         dns,
         disaggregation,
         upstream_model: rp.upstream_model,
+        anthropic: anthropic_mode(key, rp.anthropic.as_deref(), p),
         upstream_ca_file: rp.upstream_ca_file,
         fallback: rp.fallback,
         lora_adapters: rp.lora_adapters,
@@ -1251,6 +1219,32 @@ fn validate_dns(d: RawDns, key: &Key, disaggregated: bool, p: &mut Problems) -> 
             DEFAULT_DNS_INTERVAL_MS,
         ),
         labels: d.labels,
+    }
+}
+
+/// How a pool serves Anthropic Messages (`/v1/messages`) requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AnthropicMode {
+    /// Forward unchanged to the engine's own `/v1/messages` (vLLM serves it).
+    #[default]
+    Passthrough,
+    /// Convert to `/v1/chat/completions` and the answer back, for engines
+    /// without the Messages API.
+    Translate,
+}
+
+/// `pools[i].anthropic`.
+fn anthropic_mode(key: &Key, mode: Option<&str>, p: &mut Problems) -> AnthropicMode {
+    match mode {
+        None | Some("passthrough") => AnthropicMode::Passthrough,
+        Some("translate") => AnthropicMode::Translate,
+        Some(other) => {
+            p.push(format!(
+                "{}: unknown mode `{other}` (expected one of: passthrough, translate)",
+                key.field("anthropic")
+            ));
+            AnthropicMode::Passthrough
+        }
     }
 }
 
@@ -1938,6 +1932,7 @@ mod tests {
             [[pools]]
             models = ["n"]
             fallback = ["nope"]
+            anthropic = "convert"
             workers = [{ url = "http://h:2", labels = { role = "anything" } }]
             "#,
         )
@@ -1948,6 +1943,7 @@ mod tests {
             "pools[0].disaggregation.mode: unknown mode `nixl` (expected one of: vllm, sglang)",
             "pools[0].aliases[0]: model name `m` is served by more than one pool",
             "pools[1].fallback: no pool named `nope` (pools: pool-0, pool-1)",
+            "pools[1].anthropic: unknown mode `convert` (expected one of: passthrough, translate)",
         ] {
             assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
         }
@@ -2093,7 +2089,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             c.pools[0].routing.scorers,
-            vec![(ScorerKind::Prefix, 1.0), (ScorerKind::Queue, 0.5)]
+            vec![("prefix".into(), 1.0), ("queue".into(), 0.5)]
         );
     }
 
@@ -2134,7 +2130,6 @@ mod tests {
             "pools[0].routing.stale_after_ms",
             "pools[0].routing.index_max_blocks",
             "pools[0].routing.scorers: only valid with policy = \"weighted\"",
-            "pools[1].routing.scorers[0].name: unknown scorer `vibes`",
             "pools[1].routing.scorers[1].weight",
             "pools[2].routing.scorers: policy `weighted` needs a list",
         ] {

@@ -163,6 +163,8 @@ pub struct RawPool {
     pub disaggregation: Option<RawDisagg>,
     /// Send this model name upstream instead of the client's (external providers).
     pub upstream_model: Option<String>,
+    /// How Anthropic Messages requests reach the workers: `passthrough` or `translate`.
+    pub anthropic: Option<String>,
     /// Extra CA certificates (PEM file) trusted for this pool's `https://` workers.
     pub upstream_ca_file: Option<String>,
     /// Pools tried in order when this one cannot take or complete the request.

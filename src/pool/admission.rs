@@ -4,9 +4,9 @@
 
 use crate::telemetry::names;
 use metrics::{histogram, SharedString};
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -69,10 +69,7 @@ impl AdmissionQueue {
             return Err(QueueError::Full);
         }
         let (tx, rx) = oneshot::channel();
-        self.classes[prio as usize]
-            .lock()
-            .expect("queue lock")
-            .push_back(tx);
+        self.classes[prio as usize].lock().push_back(tx);
         let deadline = started + self.timeout;
         let r = tokio::time::timeout_at(deadline, rx).await;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
@@ -90,7 +87,7 @@ impl AdmissionQueue {
             return;
         }
         for class in &self.classes {
-            let mut q = class.lock().expect("queue lock");
+            let mut q = class.lock();
             while let Some(tx) = q.pop_front() {
                 if tx.send(()).is_ok() {
                     return;
@@ -114,11 +111,14 @@ mod tests {
             Duration::from_millis(100),
         ));
         let q2 = q.clone();
-        let first = tokio::spawn(async move { q2.wait(Priority::Normal, Instant::now()).await });
+        let first = tokio::spawn(async move {
+            q2.wait(Priority::Normal, crate::runtime::clock::now())
+                .await
+        });
         tokio::task::yield_now().await;
         assert_eq!(q.depth(), 1);
         assert_eq!(
-            q.wait(Priority::Normal, Instant::now()).await,
+            q.wait(Priority::Normal, crate::runtime::clock::now()).await,
             Err(QueueError::Full)
         );
         assert_eq!(first.await.unwrap(), Err(QueueError::Timeout));
@@ -136,8 +136,8 @@ mod tests {
         ] {
             let (q, order) = (q.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                q.wait(prio, Instant::now()).await.unwrap();
-                order.lock().unwrap().push(name);
+                q.wait(prio, crate::runtime::clock::now()).await.unwrap();
+                order.lock().push(name);
             }));
             tokio::task::yield_now().await;
         }
@@ -148,6 +148,6 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        assert_eq!(*order.lock().unwrap(), vec!["high", "normal", "low"]);
+        assert_eq!(*order.lock(), vec!["high", "normal", "low"]);
     }
 }

@@ -10,9 +10,10 @@ use crate::upstream::UpstreamClient;
 use metrics::{counter, SharedString};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+static EPOCH: LazyLock<Instant> = LazyLock::new(crate::runtime::clock::now);
 
 fn now_ms() -> u64 {
     EPOCH.elapsed().as_millis() as u64
@@ -158,15 +159,16 @@ fn readmit(worker: &Worker) {
 pub fn spawn_health_checks(registry: Arc<Registry>, client: UpstreamClient) {
     tokio::spawn(async move {
         let tick = Duration::from_millis(100);
-        let mut next_active = Instant::now();
+        let mut next_active = crate::runtime::clock::now();
         loop {
             tokio::time::sleep(tick).await;
             let snap = registry.snapshot();
             let cfg = &snap.config.health;
-            let active_due = cfg.interval.is_some() && Instant::now() >= next_active;
+            let active_due = cfg.interval.is_some() && crate::runtime::clock::now() >= next_active;
             if let (true, Some(every)) = (active_due, cfg.interval) {
                 // ±10 % jitter so many gateways do not probe in lockstep.
-                next_active = Instant::now() + every.mul_f64(0.9 + rand::random::<f64>() * 0.2);
+                next_active =
+                    crate::runtime::clock::now() + every.mul_f64(0.9 + rand::random::<f64>() * 0.2);
             }
             for pool in &snap.pools {
                 for w in &pool.workers {

@@ -5,9 +5,12 @@
 pub mod admission;
 pub mod discovery;
 mod dns;
+pub mod fleet;
+pub mod gauges;
 pub mod health;
 pub mod k8s;
 mod registry;
+pub mod scaling;
 pub mod stats;
 mod worker;
 

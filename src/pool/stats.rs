@@ -25,7 +25,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// Largest `/metrics` body the poller reads (bytes).
 pub const MAX_METRICS_BYTES: usize = 4 * 1024 * 1024;
@@ -541,7 +540,7 @@ async fn poll_worker(w: Arc<Worker>, client: UpstreamClient, ctl: Arc<PollCtl>) 
     tokio::time::sleep(Duration::from_millis(delay)).await;
     while !ctl.stop.load(Ordering::Relaxed) {
         let every = ctl.interval_ms.load(Ordering::Relaxed).max(1);
-        let started = Instant::now();
+        let started = crate::runtime::clock::now();
         // A scrape may take at most a few intervals (and at most 1 s).
         let limit = Duration::from_millis((every * 4).clamp(50, 1_000));
         w.state

@@ -16,7 +16,7 @@ use crate::pool::{InFlightGuard, ModelRoute, Role};
 use crate::routing::{Decision, Policy, Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
-use crate::telemetry::trace::{new_span_id, SpanKind};
+use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind};
 use axum::body::Body;
 use http::Response;
 use hyper::body::Incoming;
@@ -157,7 +157,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
         }
         let limit = route.pool.config.max_concurrency_per_worker;
         loop {
-            self.pick_start = self.ctx.tags.tracing().then(Instant::now);
+            self.pick_start = self.ctx.tags.tracing().then(crate::runtime::clock::now);
             let accept =
                 |i: usize| self.eligible(i) && (limit == 0 || route.workers[i].in_flight() < limit);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
@@ -173,7 +173,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
                             .get(PRIORITY_HEADER)
                             .and_then(|v| v.to_str().ok()),
                     );
-                    let waited = Instant::now();
+                    let waited = crate::runtime::clock::now();
                     let r = Box::pin(q.wait(prio, waited)).await;
                     self.ctx.tags.add_waited(waited.elapsed());
                     r.map_err(|e| match e {
@@ -214,7 +214,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
         let policy = self.policy;
         if self.attempt > 0 {
             counter!(names::RETRIES_TOTAL, names::L_POOL => self.pool_label.clone()).increment(1);
-            let b = Instant::now();
+            let b = crate::runtime::clock::now();
             Box::pin(backoff(ctx.route.pool.config.retry_backoff, self.attempt)).await;
             ctx.tags.add_waited(b.elapsed());
         }
@@ -229,13 +229,13 @@ impl<'c, 'a> Attempts<'c, 'a> {
         let est_cost = policy.estimate_cost(decision, &self.rreq);
         self.tried.push(decision.index);
         if let Some(pick_start) = self.pick_start {
-            ctx.tags.child_span(
-                "switchyard.route",
-                SpanKind::Internal,
-                new_span_id(),
-                pick_start,
-                Instant::now(),
-                vec![
+            ctx.tags.child_span(ChildSpan {
+                name: "switchyard.route",
+                kind: SpanKind::Internal,
+                span_id: new_span_id(),
+                start: pick_start,
+                end: crate::runtime::clock::now(),
+                attrs: vec![
                     ("switchyard.policy", policy.name().into()),
                     ("switchyard.reason", decision.reason.as_str().into()),
                     (
@@ -243,8 +243,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
                         ctx.route.workers[decision.index].id.as_ref().into(),
                     ),
                 ],
-                false,
-            );
+                error: false,
+            });
         }
         Pick {
             predicted,
@@ -429,7 +429,7 @@ fn may_retry(
     if attempt >= pool.config.max_attempts {
         return Err("attempts");
     }
-    if Instant::now() >= deadline {
+    if crate::runtime::clock::now() >= deadline {
         return Err("deadline");
     }
     let skip_prefill = pool.config.disaggregation.is_some();

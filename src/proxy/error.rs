@@ -12,6 +12,13 @@ pub enum GatewayError {
     MalformedJson(String),
     #[error("you must provide a model parameter")]
     MissingModel,
+    /// A well-formed body that breaks the endpoint's rules (a missing
+    /// required field, content that cannot be translated for the pool).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The endpoint exists, but not for this model's pool.
+    #[error("{0}")]
+    NotSupported(String),
     #[error("The model `{0}` does not exist")]
     UnknownModel(String),
     #[error("Request body exceeds the limit of {0} bytes")]
@@ -80,6 +87,7 @@ impl GatewayError {
             MalformedJson(_)
             | MalformedMultipart(_)
             | MissingModel
+            | InvalidRequest(_)
             | BodyRead(_)
             | BadFraming(_)
             | InvalidResidency { .. } => StatusCode::BAD_REQUEST,
@@ -89,9 +97,8 @@ impl GatewayError {
             UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             TenantNeedsKey => StatusCode::UNAUTHORIZED,
-            UnknownModel(_) | NotFound(_) | ResponseOwnerGone(_) | UnknownResponse(_) => {
-                StatusCode::NOT_FOUND
-            }
+            UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
+            | UnknownResponse(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             NoHealthyWorker(_) | ResidencyUnavailable { .. } | ResponseOwnerUnavailable { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -109,6 +116,8 @@ impl GatewayError {
             MalformedJson(_) => "malformed_json",
             MalformedMultipart(_) => "malformed_multipart",
             MissingModel => "missing_model",
+            InvalidRequest(_) => "invalid_request",
+            NotSupported(_) => "not_supported",
             UnknownModel(_) => "unknown_model",
             BodyTooLarge(_) => "body_too_large",
             BodyRead(_) => "body_read",
@@ -142,6 +151,8 @@ impl GatewayError {
             MalformedJson(_)
             | MalformedMultipart(_)
             | MissingModel
+            | InvalidRequest(_)
+            | NotSupported(_)
             | BodyRead(_)
             | BodyTimeout(_)
             | UnsupportedMediaType(_)
@@ -240,9 +251,19 @@ impl GatewayError {
 
     /// The error as an OpenAI-shaped JSON response.
     pub fn to_response<B: From<bytes::Bytes>>(&self) -> Response<B> {
+        self.to_response_for(false)
+    }
+
+    /// The error as a JSON response in the shape the client's API uses:
+    /// Anthropic's (`anthropic`) or OpenAI's.
+    pub fn to_response_for<B: From<bytes::Bytes>>(&self, anthropic: bool) -> Response<B> {
         let msg = self.to_string();
-        let (param, code) = self.param_and_code();
-        let body = ErrorBody::new(&msg, self.openai_type(), param, code).to_bytes();
+        let body = if anthropic {
+            crate::api::anthropic::error::body(self.status().as_u16(), &msg)
+        } else {
+            let (param, code) = self.param_and_code();
+            ErrorBody::new(&msg, self.openai_type(), param, code).to_bytes()
+        };
         let mut resp = Response::new(B::from(body));
         *resp.status_mut() = self.status();
         resp.headers_mut().insert(
@@ -299,6 +320,10 @@ mod tests {
             let r: Response<bytes::Bytes> = e.to_response();
             let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
             assert!(v["error"]["message"].is_string());
+            let r: Response<bytes::Bytes> = e.to_response_for(true);
+            let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+            assert_eq!(v["type"], "error");
+            assert!(v["error"]["type"].is_string() && v["error"]["message"].is_string());
         }
     }
 }

@@ -3,7 +3,7 @@
 //! could fix (down, saturated, upstream errors). A pool with no worker inside the
 //! request's residency is passed over, never tried.
 
-use super::{forward, rewrite_model, ForwardContext, GatewayError};
+use super::{forward, pool_body, ForwardContext, GatewayError};
 use crate::pool::{ModelRoute, Snapshot};
 use crate::telemetry::{self, names};
 use axum::body::Body;
@@ -37,7 +37,7 @@ pub async fn forward_with_fallbacks<'a>(
         ctx = ForwardContext {
             route: next,
             body: super::cancel::with_rid(
-                rewrite_model(body, next.pool.config.upstream_model.as_deref())?,
+                pool_body(body, &next.pool.config, ctx.endpoint)?,
                 &next.pool.config,
                 ctx.endpoint,
                 ctx.request_id,

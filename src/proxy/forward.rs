@@ -4,12 +4,12 @@
 use super::error::GatewayError;
 use super::headers::{forwardable, stays_at_gateway, strip_hop_by_hop};
 use super::observe::{ObserveParams, ObservedBody};
+use super::RequestTags;
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
 use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Worker};
 use crate::routing::{Reason, RouteRequest};
-use crate::telemetry::trace::{new_span_id, SpanKind, TRACEPARENT};
-use crate::telemetry::RequestTags;
+use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TRACEPARENT};
 use crate::upstream::{origin_form, UpstreamBody, UpstreamClient};
 use axum::body::Body;
 use bytes::Bytes;
@@ -80,6 +80,12 @@ impl ForwardContext<'_> {
                 .and_then(|v| v.to_str().ok()),
         )
         .with_residency(self.residency)
+    }
+
+    /// Does this request go upstream as a chat completion (a Messages request
+    /// on a pool that translates)?
+    pub(crate) fn translates(&self) -> bool {
+        super::anthropic::translates(&self.route.pool.config, self.endpoint)
     }
 
     /// The request's residency allows `worker`'s region.
@@ -160,14 +166,16 @@ pub struct ForwardContext<'a> {
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
 /// retryable failures (within the pool's retry budget), queueing when every
 /// eligible worker is at its concurrency limit, and return the observed response.
-/// Disaggregated pools go through `disagg::forward`, which may come back here.
+/// Disaggregated pools go through `disagg::forward`, which may come back here;
+/// so do Messages requests a pool translates (they travel as chat completions).
 pub async fn forward(ctx: &ForwardContext<'_>) -> Result<Response<Body>, GatewayError> {
     let result = match &ctx.route.pool.config.disaggregation {
         Some(d)
-            if matches!(
-                ctx.endpoint,
-                Endpoint::ChatCompletions | Endpoint::Completions
-            ) =>
+            if ctx.translates()
+                || matches!(
+                    ctx.endpoint,
+                    Endpoint::ChatCompletions | Endpoint::Completions
+                ) =>
         {
             // Boxed: its state would otherwise be part of every request's future.
             Box::pin(super::disagg::forward(ctx, d)).await
@@ -266,7 +274,7 @@ pub(crate) async fn send_attempt(
         Err(e) => return (Err(e), None),
     };
     let guard = worker.begin(route.pool.queue.as_ref(), size);
-    let sent = Instant::now();
+    let sent = crate::runtime::clock::now();
     let until = (sent + ctx.timeouts.first_byte).min(deadline);
     let wait = until.saturating_duration_since(sent);
     let result =
@@ -283,19 +291,19 @@ pub(crate) async fn send_attempt(
             Ok(Err(_)) => ("upstream_failed", true),
             Err(_) => ("upstream_timeout", true),
         };
-        ctx.tags.child_span(
-            "switchyard.upstream_attempt",
-            SpanKind::Client,
-            attempt_span,
-            sent,
-            Instant::now(),
-            vec![
+        ctx.tags.child_span(ChildSpan {
+            name: "switchyard.upstream_attempt",
+            kind: SpanKind::Client,
+            span_id: attempt_span,
+            start: sent,
+            end: crate::runtime::clock::now(),
+            attrs: vec![
                 ("switchyard.worker", worker.id.as_ref().into()),
                 ("switchyard.attempt", attempt.into()),
                 ("switchyard.result", label.into()),
             ],
             error,
-        );
+        });
     }
     let (err, failure) = match result {
         Err(_) => (
@@ -375,13 +383,13 @@ fn prepare(
     attempt_span: u64,
 ) -> Result<Request<UpstreamBody>, GatewayError> {
     let plain = worker.is_plain_http();
-    let pq = ctx
-        .parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str())
-        .unwrap_or("/");
-    let uri = if plain && worker.path_prefix.is_empty() {
+    let translated = ctx.translates();
+    let pq = match ctx.parts.uri.path_and_query() {
+        _ if translated => super::anthropic::CHAT_PATH,
+        Some(p) => p.as_str(),
+        None => "/",
+    };
+    let uri = if plain && worker.path_prefix.is_empty() && !translated {
         // Origin form for `request_origin`; the path is the client's, shared.
         Ok(origin_form(&ctx.parts.uri))
     } else if plain {
@@ -518,9 +526,19 @@ pub(crate) fn respond(
             guard,
             tags: ctx.tags.clone(),
             route,
+            // A translated stream's errors are reshaped with the rest of it.
+            anthropic_errors: ctx.endpoint.is_anthropic() && !ctx.translates(),
             cancel: cancel_for(ctx, worker, note.prefill),
         },
     );
+    if ctx.translates() {
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let status = parts.status.as_u16();
+        return Response::from_parts(
+            parts,
+            Body::new(super::anthropic::TranslatedBody::new(observed, sse, status)),
+        );
+    }
     if ctx.endpoint == Endpoint::Responses {
         // Response ids carry their owner (`affinity`); the length changes.
         parts.headers.remove(header::CONTENT_LENGTH);

@@ -3,8 +3,10 @@
 //! client, then hand the response body to the observer.
 
 pub mod affinity;
+pub(crate) mod anthropic;
 mod attempts;
 pub mod cancel;
+pub mod context;
 pub(crate) mod disagg;
 mod error;
 mod fallback;
@@ -14,6 +16,8 @@ pub mod observe;
 pub mod upload;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
+pub use anthropic::pool_body;
+pub use context::RequestTags;
 pub use error::GatewayError;
 pub use fallback::forward_with_fallbacks;
 pub use forward::{

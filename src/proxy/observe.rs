@@ -3,11 +3,10 @@
 //! the idle and total deadlines, and ends a failed SSE stream with an explicit error
 //! event. Metrics are recorded once, when the body ends or is dropped.
 
+use super::RequestTags;
 use crate::api::ErrorBody;
 use crate::pool::InFlightGuard;
-use crate::telemetry::{
-    self, names, Finished, Outcome, PairMetrics, RequestMetrics, RequestTags, RouteTags,
-};
+use crate::telemetry::{self, names, End, Outcome, PairMetrics, RequestMetrics, RouteTags};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
@@ -30,8 +29,11 @@ const TAIL_BYTES: usize = 8 * 1024;
 static USAGE: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(b"\"usage\":"));
 /// Fields whose non-empty string value means the event carries generated output.
-static CONTENT_KEYS: LazyLock<[memmem::Finder<'static>; 5]> = LazyLock::new(|| {
+static CONTENT_KEYS: LazyLock<[memmem::Finder<'static>; 7]> = LazyLock::new(|| {
     [
+        // Anthropic's `input_json_delta` and `thinking_delta`.
+        memmem::Finder::new(b"\"partial_json\":\""),
+        memmem::Finder::new(b"\"thinking\":\""),
         memmem::Finder::new(b"\"content\":\""),
         memmem::Finder::new(b"\"text\":\""),
         memmem::Finder::new(b"\"delta\":\""),
@@ -40,7 +42,8 @@ static CONTENT_KEYS: LazyLock<[memmem::Finder<'static>; 5]> = LazyLock::new(|| {
     ]
 });
 
-/// OpenAI `usage` (only the fields we count).
+/// OpenAI `usage` (only the fields we count), or the Responses and Anthropic
+/// names for the same.
 #[derive(Debug, Default, Clone, Copy, Deserialize, PartialEq, Eq)]
 pub struct Usage {
     #[serde(default, alias = "input_tokens")]
@@ -49,6 +52,50 @@ pub struct Usage {
     pub completion_tokens: u64,
     #[serde(default, alias = "input_tokens_details")]
     pub prompt_tokens_details: Option<PromptDetails>,
+    /// Anthropic: prompt tokens read from the prefix cache, not in `input_tokens`.
+    #[serde(default)]
+    pub cache_read_input_tokens: Option<u64>,
+    /// Anthropic: prompt tokens written to the cache, not in `input_tokens`.
+    #[serde(default)]
+    pub cache_creation_input_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// A later usage report of the same answer over this one: Anthropic streams
+    /// send the input in `message_start` and only the output in `message_delta`.
+    fn update(self, later: Usage) -> Usage {
+        let pick = |new: u64, old: u64| if new > 0 { new } else { old };
+        Usage {
+            prompt_tokens: pick(later.prompt_tokens, self.prompt_tokens),
+            completion_tokens: pick(later.completion_tokens, self.completion_tokens),
+            prompt_tokens_details: later.prompt_tokens_details.or(self.prompt_tokens_details),
+            cache_read_input_tokens: later
+                .cache_read_input_tokens
+                .or(self.cache_read_input_tokens),
+            cache_creation_input_tokens: later
+                .cache_creation_input_tokens
+                .or(self.cache_creation_input_tokens),
+        }
+    }
+
+    /// In OpenAI's terms: Anthropic's cache reads and writes join the prompt,
+    /// and the reads are its cached tokens.
+    fn normalized(self) -> Usage {
+        if self.cache_read_input_tokens.is_none() && self.cache_creation_input_tokens.is_none() {
+            return self;
+        }
+        let read = self.cache_read_input_tokens.unwrap_or(0);
+        let written = self.cache_creation_input_tokens.unwrap_or(0);
+        Usage {
+            prompt_tokens: self.prompt_tokens + read + written,
+            prompt_tokens_details: Some(PromptDetails {
+                cached_tokens: Some(read),
+            }),
+            cache_read_input_tokens: None,
+            cache_creation_input_tokens: None,
+            ..self
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize, PartialEq, Eq)]
@@ -81,6 +128,8 @@ pub struct ObserveParams {
     /// How to tell the engine when the client leaves (SGLang pools); other
     /// engines see the connection close.
     pub cancel: Option<super::cancel::Cancel>,
+    /// End a failed stream with Anthropic's `error` event instead of OpenAI's.
+    pub anthropic_errors: bool,
 }
 
 /// Measurements taken from the bytes as they pass.
@@ -149,7 +198,7 @@ impl Observer {
         }
         if let Some(pos) = USAGE.find(data) {
             if let Some(u) = parse_usage(&data[pos + 8..]) {
-                self.usage = Some(u);
+                self.usage = Some(self.usage.map_or(u, |old| old.update(u)));
             }
         }
         if carries_content(data) {
@@ -162,7 +211,7 @@ impl Observer {
                 Some(prev) => {
                     let gap = now.duration_since(prev);
                     self.p.metrics.itl.record(gap.as_secs_f64());
-                    self.p.tags.hub.record_itl(gap);
+                    self.p.tags.sinks.record_itl(gap);
                     self.itl_sum += gap;
                 }
             }
@@ -178,7 +227,7 @@ impl Observer {
             self.usage = self.tail.usage();
         } else if !self.line.is_empty() {
             let line = std::mem::take(&mut self.line);
-            self.on_line(&line, Instant::now());
+            self.on_line(&line, crate::runtime::clock::now());
         }
     }
 }
@@ -248,13 +297,14 @@ impl Drop for Observer {
                 None => super::cancel::count(&self.p.route.worker, "connection_closed"),
             }
         }
-        let u = self.usage.unwrap_or_default();
+        let usage = self.usage.map(Usage::normalized);
+        let u = usage.unwrap_or_default();
         let m = RequestMetrics {
             ttft: self.first_content.map(|t| t.duration_since(self.p.start)),
             e2e: self.p.start.elapsed(),
-            prompt_tokens: self.usage.map(|u| u.prompt_tokens),
+            prompt_tokens: usage.map(|u| u.prompt_tokens),
             cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
-            output_tokens: if self.usage.is_some() {
+            output_tokens: if usage.is_some() {
                 u.completion_tokens
             } else {
                 self.content_events
@@ -263,13 +313,12 @@ impl Drop for Observer {
                 .then(|| self.itl_sum / (self.content_events - 1) as u32),
             response_bytes: self.response_bytes,
         };
-        telemetry::record_request(
-            &self.p.tags,
-            &self.p.route,
-            Finished {
+        self.p.tags.finish(
+            telemetry::ENDPOINTS[self.p.endpoint],
+            self.p.status,
+            End::Proxied {
+                route: &self.p.route,
                 pair: &self.p.metrics,
-                endpoint: telemetry::ENDPOINTS[self.p.endpoint],
-                status: self.p.status,
                 outcome,
                 m: &m,
             },
@@ -300,7 +349,7 @@ impl<B> ObservedBody<B> {
         ObservedBody {
             inner,
             timer: None,
-            last_activity: Instant::now(),
+            last_activity: crate::runtime::clock::now(),
             obs: Observer {
                 p,
                 first_content: None,
@@ -336,10 +385,16 @@ impl<B> ObservedBody<B> {
         .increment(1);
         tracing::warn!(worker = %self.obs.p.metrics.worker, reason, "response failed mid-body");
         self.obs.outcome = Some(Outcome::Error);
-        let event =
-            self.obs.p.sse.then(|| {
-                ErrorBody::new(message, "upstream_error", None, Some(reason)).to_sse_event()
-            });
+        let event = match (self.obs.p.sse, self.obs.p.anthropic_errors) {
+            (false, _) => None,
+            (true, true) => Some(crate::api::anthropic::error::sse_event(
+                "api_error",
+                message,
+            )),
+            (true, false) => {
+                Some(ErrorBody::new(message, "upstream_error", None, Some(reason)).to_sse_event())
+            }
+        };
         self.phase = Phase::Failing(event);
     }
 }
@@ -378,7 +433,7 @@ where
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    let now = Instant::now();
+                    let now = crate::runtime::clock::now();
                     this.last_activity = now;
                     if let Some(data) = frame.data_ref() {
                         this.obs.on_data(data, now);
@@ -410,7 +465,7 @@ where
             if timer.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            if Instant::now() >= due {
+            if crate::runtime::clock::now() >= due {
                 let (reason, msg) = if due == this.obs.p.deadline {
                     (
                         "total_timeout",
@@ -500,6 +555,30 @@ mod tests {
         t.push(&Bytes::from_static(br#""usage":{"prompt_tokens":1}"#));
         t.push(&Bytes::from(vec![b' '; TAIL_BYTES]));
         assert_eq!(t.usage(), None);
+    }
+
+    #[test]
+    fn anthropic_usage_is_merged_across_events_and_normalized() {
+        let mut o: Option<Usage> = None;
+        for data in [
+            br#"{"type":"message_start","message":{"usage":{"input_tokens":4,"output_tokens":1,"cache_read_input_tokens":16}}}"#.as_slice(),
+            br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#,
+        ] {
+            let u = parse_usage(&data[USAGE.find(data).unwrap() + 8..]).unwrap();
+            o = Some(o.map_or(u, |old| old.update(u)));
+        }
+        let u = o.unwrap().normalized();
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (20, 9));
+        assert_eq!(u.prompt_tokens_details.unwrap().cached_tokens, Some(16));
+        assert!(carries_content(
+            br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#
+        ));
+        assert!(carries_content(
+            br#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{"a"}}"#
+        ));
+        assert!(!carries_content(
+            br#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#
+        ));
     }
 
     #[test]

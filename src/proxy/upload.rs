@@ -15,19 +15,17 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http_body::Frame;
 use http_body_util::{BodyExt, BodyStream, Limited, StreamBody};
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
-/// A streamed upload, taken by the one attempt that sends it.
+/// A streamed upload, taken by the one attempt that sends it (a lock because
+/// the forwarding context is shared by reference; taken once, never contended).
 #[derive(Debug)]
 pub struct Upload(Mutex<Option<UpstreamBody>>);
 
 impl Upload {
     /// The body for the attempt; `None` once sent.
     pub(crate) fn take(&self) -> Option<UpstreamBody> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+        self.0.lock().take()
     }
 }
 

@@ -293,7 +293,7 @@ pub fn needs_index(pool: &PoolConfig) -> bool {
             .routing
             .scorers
             .iter()
-            .any(|(k, _)| *k == crate::config::ScorerKind::Prefix)
+            .any(|(k, _)| scorers::build(k).is_some_and(|s| s.uses_prefix()))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use super::prefix_index::{PrefixIndex, REPLICAS};
 use super::scorers::{self, Candidate, PickView, Prepared, Scorer};
 use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
-use crate::config::{PolicyKind, ScorerKind};
+use crate::config::{PolicyKind, ScorerName};
 use crate::pool::stats::Freshness;
 use crate::pool::Worker;
 use rand::{Rng, RngCore};
@@ -108,28 +108,38 @@ impl Pipeline {
     /// this pipeline's weighted one).
     pub fn new(ctx: &BuildContext<'_>) -> Pipeline {
         let r = &ctx.pool.routing;
-        let (name, kinds, bounded, headroom): (_, Vec<(ScorerKind, f64)>, _, _) = match ctx.kind {
-            PolicyKind::Prefix => ("prefix", vec![(ScorerKind::Prefix, 1.0)], true, false),
+        let (name, kinds, bounded, headroom): (_, Vec<(ScorerName, f64)>, _, _) = match ctx.kind {
+            PolicyKind::Prefix => ("prefix", vec![("prefix".into(), 1.0)], true, false),
             PolicyKind::Cost => (
                 "cost",
-                vec![(ScorerKind::Cost, 1.0), (ScorerKind::Queue, 0.01)],
+                vec![("cost".into(), 1.0), ("queue".into(), 0.01)],
                 false,
                 true,
             ),
             PolicyKind::Session => (
                 "session",
-                vec![(ScorerKind::Session, 1.0), (ScorerKind::Queue, 0.01)],
+                vec![("session".into(), 1.0), ("queue".into(), 0.01)],
                 true,
                 false,
             ),
             PolicyKind::Weighted => {
-                let cost = r.scorers.iter().any(|(k, _)| *k == ScorerKind::Cost);
+                let cost = r.scorers.iter().any(|(k, _)| &**k == "cost");
                 ("weighted", r.scorers.clone(), true, cost)
             }
             // least_queue (and, defensively, anything else).
-            _ => ("least_queue", vec![(ScorerKind::Queue, 1.0)], false, false),
+            _ => ("least_queue", vec![("queue".into(), 1.0)], false, false),
         };
-        let scorers = kinds.into_iter().map(|(k, w)| (scorers::build(k), w));
+        // Names were checked with the config (`scorers::unknown_names`); one that
+        // slipped past (a config built in code) is skipped, loudly.
+        let scorers = kinds
+            .into_iter()
+            .filter_map(|(k, w)| match scorers::build(&k) {
+                Some(s) => Some((s, w)),
+                None => {
+                    tracing::warn!(pool = %ctx.pool.name, scorer = %k, "unknown scorer skipped");
+                    None
+                }
+            });
         let mut p = Pipeline::with_scorers(ctx, scorers.collect());
         p.name = name;
         p.bounded = bounded;
@@ -1076,17 +1086,15 @@ mod tests {
     /// step 1 says (`scorers/last.rs`), tried as step 4 says, steers the pick.
     #[test]
     fn a_scorer_added_the_documented_way_steers_the_pick() {
-        use crate::routing::scorers::last::Last;
-        let queue = || scorers::build(ScorerKind::Queue);
-        let plain = fixture_with("least_queue", "", |ctx| {
-            Box::new(Pipeline::with_scorers(ctx, vec![(queue(), 1.0)]))
-        });
-        let toy = fixture_with("least_queue", "", |ctx| {
-            Box::new(Pipeline::with_scorers(
-                ctx,
-                vec![(queue(), 1.0), (Box::new(Last), 2.0)],
-            ))
-        });
+        // Step 2 registered `last` (test builds only); step 3 names it in a pool.
+        let plain = fixture(
+            "weighted",
+            r#"scorers = [{ name = "queue", weight = 1.0 }]"#,
+        );
+        let toy = fixture(
+            "weighted",
+            r#"scorers = [{ name = "queue", weight = 1.0 }, { name = "last", weight = 2.0 }]"#,
+        );
         for f in [&plain, &toy] {
             for w in &f.workers {
                 set_queue(w, 0);

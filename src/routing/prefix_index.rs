@@ -14,10 +14,11 @@
 
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Most workers remembered per block (a hot prefix replicated further is still
 /// routed well: spilled requests land on the next rendezvous choice).
@@ -77,6 +78,17 @@ fn slot_of(p: u32) -> u16 {
 #[inline]
 fn age(now_seq: u64, p: u32) -> u32 {
     (now_seq as u32).wrapping_sub(p) & SEQ_MASK
+}
+
+/// Push onto a ring's queue, growing its buffer by a quarter, exactly: doubling
+/// would leave up to half of a full ring's buffer unused. A full ring briefly
+/// holds cap + 1 items (push, then evict), so that is its size.
+fn push_bounded(q: &mut VecDeque<RingItem>, h: RingItem, cap: usize) {
+    if q.len() == q.capacity() && q.len() <= cap {
+        let len = q.len();
+        q.reserve_exact((len / 4).max(64).min(cap + 1 - len));
+    }
+    q.push_back(h);
 }
 
 /// Keys are xxh3 outputs already; one folded 128-bit multiply (as in wyhash)
@@ -183,7 +195,7 @@ impl PrefixIndex {
     /// returning worker gets its old slot) and forget the blocks of the others.
     /// Returns each id's slot, 0 when the slot space is exhausted. Build-time only.
     pub fn set_workers(&self, ids: &[Arc<str>]) -> Vec<u16> {
-        let mut slots = self.slots.lock().expect("slot map poisoned");
+        let mut slots = self.slots.lock();
         let mut rings: Vec<Arc<Ring>> = (**self.rings.load()).clone();
         let out: Vec<u16> = ids
             .iter()
@@ -216,7 +228,7 @@ impl PrefixIndex {
         // More workers share the cap: trim every ring to its new share now.
         let share = (self.max_pairs.load(Ordering::Relaxed) / active.max(1)).max(1) as usize;
         for (i, ring) in self.rings.load().iter().enumerate() {
-            let mut q = ring.q.lock().expect("ring poisoned");
+            let mut q = ring.q.lock();
             while q.len() > share {
                 let (h, seq) = ring.pop_oldest(&mut q).expect("len > share");
                 self.remove_pair(h, pack(i as u16 + 1, seq));
@@ -227,7 +239,7 @@ impl PrefixIndex {
 
     /// The slots of `ids` (0 for a worker the index does not know); read-only.
     pub fn slots(&self, ids: &[Arc<str>]) -> Vec<u16> {
-        let slots = self.slots.lock().expect("slot map poisoned");
+        let slots = self.slots.lock();
         ids.iter()
             .map(|id| slots.get(id).copied().unwrap_or(0))
             .collect()
@@ -254,58 +266,84 @@ impl PrefixIndex {
         let cap = self.effective_capacity(cap) as usize;
         let refresh_after = (cap / 2).max(1) as u32;
         let rings = self.rings.load();
-        let mut q = ring.q.lock().expect("ring poisoned");
-        for &h in blocks {
+        // Leading blocks this worker already holds fresh need no write: find them
+        // with shard read locks, so the ring's lock covers only blocks that change.
+        let fresh = blocks
+            .iter()
+            .take_while(|&&h| self.is_fresh(h, slot, &ring, refresh_after))
+            .count();
+        let mut q = ring.q.lock();
+        for &h in &blocks[fresh..] {
             let seq = ring.pushed.load(Ordering::Relaxed);
-            let mut push = false;
-            {
-                let mut e = self.map.entry(Key(h)).or_insert([0; REPLICAS]);
-                let pairs = e.value_mut();
-                if let Some(p) = pairs.iter_mut().find(|p| **p != 0 && slot_of(**p) == slot) {
-                    if age(seq, *p) >= refresh_after {
-                        *p = pack(slot, seq);
-                        push = true;
-                    }
-                } else if let Some(p) = pairs.iter_mut().find(|p| **p == 0) {
-                    *p = pack(slot, seq);
-                    push = true;
-                    self.pairs.fetch_add(1, Ordering::Relaxed);
-                    ring.live.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    // Full: replace the replica that has been idle longest on its worker.
-                    let oldest = pairs
-                        .iter_mut()
-                        .max_by_key(|p| {
-                            rings
-                                .get(slot_of(**p) as usize - 1)
-                                .map_or(u32::MAX, |r| age(r.pushed.load(Ordering::Relaxed), **p))
-                        })
-                        .expect("REPLICAS > 0");
-                    if let Some(r) = rings.get(slot_of(*oldest) as usize - 1) {
-                        r.live.fetch_sub(1, Ordering::Relaxed);
-                    }
-                    *oldest = pack(slot, seq);
-                    push = true;
-                    ring.live.fetch_add(1, Ordering::Relaxed);
-                    self.evictions.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if push {
-                if q.len() == q.capacity() && q.len() <= cap {
-                    // Grow by a quarter, exactly: doubling would leave up to half
-                    // of a full ring's buffer unused. A full ring briefly holds
-                    // cap + 1 items (push, then evict), so that is its size.
-                    let len = q.len();
-                    q.reserve_exact((len / 4).max(64).min(cap + 1 - len));
-                }
-                q.push_back(h);
+            if self.claim(h, slot, seq, &ring, &rings, refresh_after) {
+                push_bounded(&mut q, h, cap);
                 ring.pushed.fetch_add(1, Ordering::Relaxed);
             }
-            while q.len() > cap {
-                let (old, oseq) = ring.pop_oldest(&mut q).expect("len > cap >= 1");
-                self.remove_pair(old, pack(slot, oseq));
-            }
+            self.trim(slot, &ring, &mut q, cap);
         }
+        // The cap may have shrunk (reload, more workers) with nothing pushed.
+        self.trim(slot, &ring, &mut q, cap);
+    }
+
+    /// Point block `h`'s entry at (`slot`, `seq`): a new pair, a refresh of a
+    /// stale one, or the replacement of the replica idle longest on its worker.
+    /// Returns whether the block goes onto the worker's ring.
+    fn claim(
+        &self,
+        h: u64,
+        slot: u16,
+        seq: u64,
+        ring: &Ring,
+        rings: &[Arc<Ring>],
+        refresh_after: u32,
+    ) -> bool {
+        let mut e = self.map.entry(Key(h)).or_insert([0; REPLICAS]);
+        let pairs = e.value_mut();
+        if let Some(p) = pairs.iter_mut().find(|p| **p != 0 && slot_of(**p) == slot) {
+            if age(seq, *p) < refresh_after {
+                return false;
+            }
+            *p = pack(slot, seq);
+            return true;
+        }
+        if let Some(p) = pairs.iter_mut().find(|p| **p == 0) {
+            *p = pack(slot, seq);
+            self.pairs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let oldest = pairs
+                .iter_mut()
+                .max_by_key(|p| {
+                    rings
+                        .get(slot_of(**p) as usize - 1)
+                        .map_or(u32::MAX, |r| age(r.pushed.load(Ordering::Relaxed), **p))
+                })
+                .expect("REPLICAS > 0");
+            if let Some(r) = rings.get(slot_of(*oldest) as usize - 1) {
+                r.live.fetch_sub(1, Ordering::Relaxed);
+            }
+            *oldest = pack(slot, seq);
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+        ring.live.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Evict the ring's oldest blocks beyond `cap`.
+    fn trim(&self, slot: u16, ring: &Ring, q: &mut VecDeque<RingItem>, cap: usize) {
+        while q.len() > cap {
+            let (old, oseq) = ring.pop_oldest(q).expect("len > cap >= 1");
+            self.remove_pair(old, pack(slot, oseq));
+        }
+    }
+
+    /// The worker in `slot` holds block `h`, stored recently enough not to refresh.
+    fn is_fresh(&self, h: u64, slot: u16, ring: &Ring, refresh_after: u32) -> bool {
+        let seq = ring.pushed.load(Ordering::Relaxed);
+        self.map.get(&Key(h)).is_some_and(|e| {
+            e.value()
+                .iter()
+                .any(|p| *p != 0 && slot_of(*p) == slot && age(seq, *p) < refresh_after)
+        })
     }
 
     fn remove_pair(&self, h: u64, pair: u32) {
@@ -325,7 +363,7 @@ impl PrefixIndex {
 
     fn clear_slot(&self, slot: u16) {
         let Some(ring) = self.ring(slot) else { return };
-        let mut q = ring.q.lock().expect("ring poisoned");
+        let mut q = ring.q.lock();
         while let Some((h, seq)) = ring.pop_oldest(&mut q) {
             self.remove_pair(h, pack(slot, seq));
         }
@@ -391,10 +429,7 @@ impl PrefixIndex {
             .rings
             .load()
             .iter()
-            .map(|r| {
-                r.q.lock().map_or(0, |q| q.capacity()) as u64
-                    * std::mem::size_of::<RingItem>() as u64
-            })
+            .map(|r| r.q.lock().capacity() as u64 * std::mem::size_of::<RingItem>() as u64)
             .sum();
         IndexMemory {
             entries: self.map.len() as u64,
@@ -459,6 +494,22 @@ mod tests {
         assert_eq!(got, vec![(s[0], 4), (s[1], 2)]);
         assert_eq!(ix.lookup(&[7, 2, 3], &mut out), 0);
         assert_eq!(ix.lookup(&[], &mut out), 0);
+        ix.check().unwrap();
+    }
+
+    #[test]
+    fn a_fresh_prefix_is_left_alone_and_a_lowered_cap_still_trims() {
+        let ix = PrefixIndex::new(1000);
+        let s = ix.set_workers(&ids(1))[0];
+        ix.insert(s, &[1, 2, 3, 4], 100);
+        let pushed = ix.ring(s).unwrap().pushed.load(Ordering::Relaxed);
+        ix.insert(s, &[1, 2, 3, 4, 5], 100);
+        let after = ix.ring(s).unwrap().pushed.load(Ordering::Relaxed);
+        assert_eq!(after - pushed, 1, "only the new block is pushed");
+        // The cap drops below what is held; a request that changes nothing trims.
+        ix.set_max_pairs(2);
+        ix.insert(s, &[1, 2], 100);
+        assert!(ix.memory().pairs <= 2, "{:?}", ix.memory());
         ix.check().unwrap();
     }
 

@@ -207,7 +207,7 @@ async fn undrain(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response 
 /// `GET /admin/scaling`: the per-pool replica recommendation of the last tick,
 /// with the signals and targets behind it.
 async fn scaling(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
-    let fleet = gw.hub.fleet();
+    let fleet = gw.fleet.view();
     Json(serde_json::json!({ "t": fleet.t, "pools": fleet.pools }))
 }
 

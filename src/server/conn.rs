@@ -16,7 +16,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
-use tokio::time::Instant;
 
 /// Why the gateway closed a client connection (the `reason` label).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,7 +231,9 @@ pub(crate) async fn drive<C>(
                     conn.as_mut().graceful_shutdown();
                 } else {
                     seen = now_seen;
-                    check.as_mut().reset(Instant::now() + timeouts.idle);
+                    check
+                        .as_mut()
+                        .reset(crate::runtime::clock::now() + timeouts.idle);
                 }
             }
         }

@@ -4,11 +4,12 @@ use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::pool::{ModelRoute, Snapshot};
+use crate::proxy::RequestTags;
 use crate::proxy::{self, affinity, ForwardContext, GatewayError, SESSION_HEADER};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
-use crate::telemetry::trace::{new_span_id, SpanKind, TraceContext};
-use crate::telemetry::RequestTags;
+use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
+use crate::telemetry::End;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -62,7 +63,7 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    let start = Instant::now();
+    let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
     let snap = gw.registry.snapshot();
@@ -80,7 +81,7 @@ where
     };
     let (mut tags, residency) = match inbound.admit() {
         Ok(admitted) => admitted,
-        Err(e) => return refuse(&e, &parts.headers),
+        Err(e) => return refuse_for(&e, &parts.headers, inbound.endpoint.is_anthropic()),
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
@@ -137,10 +138,13 @@ impl<'a> Inbound<'a> {
         let trace = TraceContext::from_headers(headers, sample);
         // Shared with the response observer once a worker answers; until the first
         // attempt nothing else holds it, so the later phases can still fill it in.
-        let tags = self
-            .gw
-            .hub
-            .tags(config.clone(), self.request_id.clone(), tenant, trace);
+        let tags = RequestTags::new(
+            &self.gw.sinks,
+            config.clone(),
+            self.request_id.clone(),
+            tenant,
+            trace,
+        );
         Ok((Arc::new(tags), residency))
     }
 
@@ -175,7 +179,7 @@ impl<'a> Inbound<'a> {
             route,
             parts: self.parts,
             body: proxy::cancel::with_rid(
-                proxy::rewrite_model(&body, route.pool.config.upstream_model.as_deref())?,
+                proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
                 &route.pool.config,
                 self.endpoint,
                 self.request_id,
@@ -377,6 +381,9 @@ impl<'a> Inbound<'a> {
             t.request_bytes = body.len() as u64;
         }
         let info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
+        if self.endpoint.is_anthropic() {
+            api::anthropic::check(self.endpoint, &info).map_err(GatewayError::InvalidRequest)?;
+        }
         if let Some(t) = unshared(tags) {
             t.stream = info.stream;
         }
@@ -429,15 +436,15 @@ impl<'a> Inbound<'a> {
             ("switchyard.tenant", (*tags.tenant.name).into()),
             ("gen_ai.request.model", model.into()),
         ];
-        tags.child_span(
-            "switchyard.admission",
-            SpanKind::Internal,
-            new_span_id(),
-            self.start,
-            Instant::now(),
+        tags.child_span(ChildSpan {
+            name: "switchyard.admission",
+            kind: SpanKind::Internal,
+            span_id: new_span_id(),
+            start: self.start,
+            end: crate::runtime::clock::now(),
             attrs,
-            false,
-        );
+            error: false,
+        });
     }
 
     /// Phase: finish a request that got no worker's answer: counted once, and
@@ -451,16 +458,17 @@ impl<'a> Inbound<'a> {
         // Only configured model names become labels; anything else is "none".
         let known = known.map(|r| &*r.model);
         telemetry::record_gateway_error(known, e.reason(), e.status().as_u16());
-        self.gw.hub.finish_error(
-            tags,
-            known,
+        tags.finish(
             self.endpoint.as_str(),
             e.status().as_u16(),
-            e.class(),
-            e.reason(),
-            self.start.elapsed(),
+            End::Refused {
+                model: known,
+                class: e.class(),
+                reason: e.reason(),
+                elapsed: self.start.elapsed(),
+            },
         );
-        e.to_response()
+        e.to_response_for(self.endpoint.is_anthropic())
     }
 }
 
@@ -523,8 +531,13 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
 /// Its body is left unread, so an HTTP/1 connection closes after the answer
 /// rather than reading the body as the next request.
 pub(super) fn refuse(e: &GatewayError, headers: &http::HeaderMap) -> Response {
+    refuse_for(e, headers, false)
+}
+
+/// [`refuse`], in Anthropic's error shape when `anthropic`.
+pub(super) fn refuse_for(e: &GatewayError, headers: &http::HeaderMap, anthropic: bool) -> Response {
     telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
-    let mut resp: Response = e.to_response();
+    let mut resp: Response = e.to_response_for(anthropic);
     resp.headers_mut()
         .insert(request_id::HEADER, request_id::get_or_make(headers));
     let has_body = headers.contains_key(header::TRANSFER_ENCODING)
@@ -660,7 +673,9 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    let text = telemetry::render(&gw.metrics, &gw.registry.snapshot(), Some(&gw.hub));
+    crate::pool::gauges::refresh(&gw.registry.snapshot());
+    gw.fleet.refresh_gauges();
+    let text = telemetry::render(&gw.metrics, Some(&gw.sinks));
     (
         [(
             header::CONTENT_TYPE,

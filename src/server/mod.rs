@@ -38,8 +38,10 @@ pub struct Gateway {
     pub registry: Arc<Registry>,
     pub client: UpstreamClient,
     pub metrics: PrometheusHandle,
-    /// Cost, dashboard aggregates, fleet view, access log, traces.
-    pub hub: Arc<telemetry::Hub>,
+    /// Where finished requests go: metrics, cost, dashboard series, access log, traces.
+    pub sinks: Arc<telemetry::Sinks>,
+    /// The once-a-second fleet view and scaling recommendation.
+    pub fleet: Arc<pool::fleet::Fleet>,
     /// API key → tenant; rebuilt on reload.
     pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
     shutting_down: AtomicBool,
@@ -61,11 +63,12 @@ impl Gateway {
             .filter_map(|p| p.upstream_ca_file.clone())
             .collect();
         let client = UpstreamClient::new(config.server.timeouts.connect, &ca_files)?;
-        let hub = telemetry::Hub::new(&config);
+        let sinks = telemetry::Sinks::new(&config);
+        let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
         let registry = Registry::new(config);
-        telemetry::hub::spawn_ticker(hub.clone(), registry.clone());
+        pool::fleet::spawn_ticker(sinks.clone(), fleet.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_stats_poller(registry.clone(), client.clone());
         pool::spawn_health_checks(registry.clone(), client.clone());
@@ -75,7 +78,8 @@ impl Gateway {
             registry,
             client,
             metrics,
-            hub,
+            sinks,
+            fleet,
             tenancy,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
@@ -129,6 +133,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     .route("/v1/completions", post(handlers::proxy::<axum::body::Body>))
     .route("/v1/embeddings", post(handlers::proxy::<axum::body::Body>))
     .route("/v1/responses", post(handlers::proxy::<axum::body::Body>))
+    .route("/v1/messages", post(handlers::proxy::<axum::body::Body>))
+    .route(
+        "/v1/messages/count_tokens",
+        post(handlers::proxy::<axum::body::Body>),
+    )
     .route(
         "/v1/responses/{id}",
         get(handlers::stored_response).delete(handlers::stored_response),
@@ -173,7 +182,8 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         crate::runtime::busy_poll::touch();
         if let Err(e) = self.conn.admit(&req, self.limits) {
-            let resp = handlers::refuse(&e, req.headers());
+            let anthropic = crate::api::Endpoint::from_path(req.uri().path()).is_anthropic();
+            let resp = handlers::refuse_for(&e, req.headers(), anthropic);
             return Box::pin(std::future::ready(Ok(resp)));
         }
         if req.method() == http::Method::POST
@@ -341,7 +351,7 @@ pub(crate) async fn serve_with_permits(
     // Connections hold a receiver: `true` asks them to shut down gracefully, and
     // the sender's `closed()` tells when the last one has ended.
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    let mut grace_end = tokio::time::Instant::now();
+    let mut grace_end = crate::runtime::clock::now();
     tokio::pin!(shutdown);
     loop {
         // At the connection cap, stop accepting until one closes.
@@ -349,7 +359,7 @@ pub(crate) async fn serve_with_permits(
             p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
             _ = &mut shutdown, if !gw.is_shutting_down() => {
                 gw.shutting_down.store(true, Ordering::Relaxed);
-                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                grace_end = crate::runtime::clock::now() + server_cfg.unready_grace;
                 if server_cfg.unready_grace.is_zero() {
                     break;
                 }
@@ -390,7 +400,7 @@ pub(crate) async fn serve_with_permits(
             _ = &mut shutdown, if !gw.is_shutting_down() => {
                 // Readiness turns false first; keep accepting through the grace period.
                 gw.shutting_down.store(true, Ordering::Relaxed);
-                grace_end = tokio::time::Instant::now() + server_cfg.unready_grace;
+                grace_end = crate::runtime::clock::now() + server_cfg.unready_grace;
                 tracing::info!(grace = ?server_cfg.unready_grace, "shutting down: not ready");
                 if server_cfg.unready_grace.is_zero() {
                     break;

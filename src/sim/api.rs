@@ -25,7 +25,9 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::engine::{vocab, Event, Finish, Remote, Submit};
 use super::faults::{Fault, Faults, FAULT_HEADER};
-use super::{endpoints, metrics, responses, tokenizer, tools, ConnCtl, EngineKind, Role, Shared};
+use super::{
+    endpoints, messages, metrics, responses, tokenizer, tools, ConnCtl, EngineKind, Role, Shared,
+};
 
 type S = State<Arc<Shared>>;
 
@@ -38,6 +40,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             "/v1/responses/{id}",
             get(stored_response).delete(delete_response),
         )
+        .route("/v1/messages", post(anthropic_messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/embeddings", post(embeddings))
         .route("/tokenize", post(endpoints::tokenize))
         .route("/detokenize", post(endpoints::detokenize))
@@ -90,6 +94,16 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         r
+    }
+}
+
+impl ApiError {
+    /// The error in the shape of the API the request came in on.
+    fn respond(self, kind: Kind) -> Response {
+        match kind {
+            Kind::Messages => messages::error(self.status, &self.message),
+            _ => self.into_response(),
+        }
     }
 }
 
@@ -298,6 +312,8 @@ pub(super) enum Kind {
     Chat,
     Completion,
     Responses,
+    /// Anthropic's Messages API.
+    Messages,
 }
 
 /// A forced tool call, tokenized: the engine emits `ids`, one per step, and
@@ -479,7 +495,7 @@ fn prompt_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
 /// `n` (and `best_of` for completions): sequences returned and generated.
 fn choices(kind: Kind, c: &Common) -> Result<(usize, usize), ApiError> {
     let n = match kind {
-        Kind::Responses => 1,
+        Kind::Responses | Kind::Messages => 1,
         _ => c.n.unwrap_or(1),
     };
     let best_of = match kind {
@@ -522,6 +538,7 @@ impl Gen {
         let model = check_model(s, c.model.clone())?;
         let mut echo = Map::new();
         let mut turns = Vec::new();
+        let mut tool_spec = (v.get("tools").cloned(), v.get("tool_choice").cloned());
         let (tokens, hint) = match kind {
             Kind::Chat => {
                 let m = chat_messages(&v)?;
@@ -535,13 +552,18 @@ impl Gen {
                 turns = m;
                 encoded
             }
+            Kind::Messages => {
+                let m = messages::messages(&v)?;
+                tool_spec = messages::chat_tools(&v);
+                (encode_messages(&m, tool_spec.0.as_ref()), last_user(&m))
+            }
         };
         if tokens.is_empty() {
             return Err(bad("prompt: must not be empty"));
         }
         let call = match kind {
             Kind::Completion => None,
-            _ => tools::forced(v.get("tools"), v.get("tool_choice"), &hint).map_err(bad)?,
+            _ => tools::forced(tool_spec.0.as_ref(), tool_spec.1.as_ref(), &hint).map_err(bad)?,
         };
         let (n, best_of) = choices(kind, &c)?;
         let max_len = s.cfg.max_model_len;
@@ -554,6 +576,9 @@ impl Gen {
         }
         let (requested, field) = match kind {
             Kind::Responses => (c.max_output_tokens, "max_output_tokens"),
+            Kind::Messages if c.max_tokens.is_none() => {
+                return Err(bad("max_tokens: Field required"));
+            }
             _ => (c.max_completion_tokens.or(c.max_tokens), "max_tokens"),
         };
         let mut max_tokens = match requested {
@@ -722,6 +747,28 @@ async fn delete_response(State(s): S, Path(id): Path<String>) -> Response {
     }
 }
 
+async fn anthropic_messages(
+    State(s): S,
+    Extension(ctl): Extension<ConnCtl>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(s, ctl, headers, body, Kind::Messages).await
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's length in the sim's tokens.
+async fn count_tokens(State(s): S, body: Bytes) -> Response {
+    let counted = parse_json(&body).and_then(|v| {
+        check_model(&s, v.get("model").and_then(Value::as_str).map(String::from))?;
+        let m = messages::messages(&v)?;
+        Ok(encode_messages(&m, messages::chat_tools(&v).0.as_ref()).len())
+    });
+    match counted {
+        Ok(n) => messages::count(n),
+        Err(e) => e.respond(Kind::Messages),
+    }
+}
+
 pub(super) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -734,6 +781,7 @@ fn request_id(kind: Kind) -> String {
         Kind::Chat => "chatcmpl-",
         Kind::Completion => "cmpl-",
         Kind::Responses => "resp_",
+        Kind::Messages => "msg_",
     };
     format!("{prefix}{}", uuid::Uuid::new_v4().simple())
 }
@@ -786,11 +834,11 @@ async fn generate(
 ) -> Response {
     let fault = match arrive(&s, &headers, &ctl).await {
         Ok(f) => f,
-        Err(r) => return r.into_response(),
+        Err(r) => return r.respond(kind),
     };
     let mut g = match Gen::build(&s, kind, &body) {
         Ok(g) => g,
-        Err(r) => return r.into_response(),
+        Err(r) => return r.respond(kind),
     };
     if g.rid.is_none() {
         g.rid = headers
@@ -938,6 +986,10 @@ fn full_body(s: &Shared, g: &Gen, choices: &[Choice], totals: &Totals) -> Value 
             responses::remember(&s.responses, &o, g.turns.clone());
             o
         }
+        Kind::Messages => {
+            let (c, o) = (&choices[0], &g.outputs[0]);
+            messages::object(&id, &g.model, o, &c.text, finish(c, o), totals)
+        }
     }
 }
 
@@ -1051,6 +1103,7 @@ const DONE: &str = "data: [DONE]\n\n";
 enum Writer {
     Chunks(Sse),
     Responses(responses::Stream),
+    Messages(messages::Stream),
 }
 
 impl Writer {
@@ -1061,6 +1114,7 @@ impl Writer {
                 &g.model,
                 g.echo.clone(),
             )),
+            Kind::Messages => Writer::Messages(messages::Stream::new(request_id(g.kind), &g.model)),
             kind => Writer::Chunks(Sse::new(kind, &g.model)),
         }
     }
@@ -1070,6 +1124,7 @@ impl Writer {
         match self {
             Writer::Chunks(_) => None,
             Writer::Responses(r) => Some(r.start()),
+            Writer::Messages(m) => Some(m.start()),
         }
     }
 
@@ -1077,6 +1132,7 @@ impl Writer {
         match self {
             Writer::Chunks(c) => c.token(i, o, first, text, fin),
             Writer::Responses(r) => r.token(o, first, text),
+            Writer::Messages(m) => m.token(o, first, text, fin),
         }
     }
 
@@ -1084,6 +1140,7 @@ impl Writer {
         match self {
             Writer::Chunks(c) => c.end(g.include_usage.then(|| usage(totals)).as_ref()),
             Writer::Responses(r) => r.end(&g.outputs[0], totals),
+            Writer::Messages(m) => m.end(totals),
         }
     }
 
@@ -1091,6 +1148,7 @@ impl Writer {
         match self {
             Writer::Chunks(c) => c.error(message),
             Writer::Responses(r) => r.error(message),
+            Writer::Messages(m) => m.error(message),
         }
     }
 }

@@ -7,9 +7,19 @@ use crate::config::OTHER_LABEL;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 use metrics::{counter, SharedString};
+use parking_lot::Mutex;
 use std::cell::RefCell;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use thread_local::ThreadLocal;
+
+/// Label value for "not applicable" (no worker, no pool).
+pub const NONE_LABEL: &str = "none";
+/// Region of a worker without a `region` label.
+pub const UNKNOWN_REGION: &str = "unknown";
+/// Worker label naming the region.
+pub const REGION_LABEL_KEY: &str = crate::config::global::REGION_LABEL;
+/// Worker label naming the price tier.
+pub const TIER_LABEL_KEY: &str = "tier";
 
 type LocalMap = hashbrown::HashMap<Box<str>, SharedString, RandomState>;
 
@@ -66,7 +76,7 @@ impl BoundedLabels {
         if let Some(s) = self.seen.get(v) {
             return Some(s.clone());
         }
-        let _g = self.admit.lock().unwrap_or_else(|e| e.into_inner());
+        let _g = self.admit.lock();
         if let Some(s) = self.seen.get(v) {
             return Some(s.clone());
         }

@@ -10,7 +10,7 @@
 //! the Prometheus render reads them:
 //!
 //! - a counter's per-thread total is added to its `metrics` counter by [`flush`],
-//!   which [`super::render`] calls first and the hub's ticker once a second (so the
+//!   which [`super::render`] calls first and the fleet ticker once a second (so the
 //!   exporter still owns counters); a total whose cache went with a replaced
 //!   routing snapshot is flushed a last time and dropped;
 //! - a histogram is rendered here ([`render_into`]), summing the threads' buckets.
@@ -23,13 +23,14 @@
 
 use foldhash::fast::RandomState;
 use metrics::Counter;
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{
     fence, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release,
 };
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use thread_local::ThreadLocal;
 
 /// A running total written by one thread only: an add is a load and a store, no
@@ -63,14 +64,11 @@ fn pending() -> &'static Mutex<Vec<Pending>> {
 /// A new per-thread total for `counter`, flushed into it by [`flush`].
 pub fn counter_slot(counter: Counter) -> Arc<LocalCount> {
     let count = Arc::new(LocalCount::default());
-    pending()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(Pending {
-            counter,
-            count: count.clone(),
-            flushed: 0,
-        });
+    pending().lock().push(Pending {
+        counter,
+        count: count.clone(),
+        flushed: 0,
+    });
     count
 }
 
@@ -80,7 +78,7 @@ pub fn counter_slot(counter: Counter) -> Arc<LocalCount> {
 /// so are the per-thread buckets of histograms nobody holds (see
 /// `compact_histograms`).
 pub fn flush() {
-    let mut all = pending().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut all = pending().lock();
     all.retain_mut(|p| {
         let orphan = Arc::strong_count(&p.count) == 1;
         if orphan {
@@ -157,7 +155,7 @@ impl<V: Default + Send + Sync> LocalMap<V> {
         let generation = self.generation.load(Acquire);
         if mine.generation != generation {
             // Keys were forgotten: keep only values the aggregator still lists.
-            let all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
+            let all = self.all.lock();
             mine.values
                 .retain(|_, v| all.iter().any(|(_, live)| Arc::ptr_eq(live, v)));
             mine.generation = generation;
@@ -166,25 +164,19 @@ impl<V: Default + Send + Sync> LocalMap<V> {
             return f(v);
         }
         let (k, v): (Arc<str>, Arc<V>) = (Arc::from(key), Arc::default());
-        self.all
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push((k.clone(), v.clone()));
+        self.all.lock().push((k.clone(), v.clone()));
         f(&v);
         mine.values.insert(k, v);
     }
 
     /// Every (key, one thread's value) pair so far.
     pub fn entries(&self) -> Vec<(Arc<str>, Arc<V>)> {
-        self.all
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.all.lock().clone()
     }
 
     /// Forget the keys `keep` rejects (every thread's value of them).
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        let mut all = self.all.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut all = self.all.lock();
         let before = all.len();
         all.retain(|(k, _)| keep(k));
         if all.len() != before {
@@ -289,7 +281,7 @@ pub fn histogram(
         let sep = if i == 0 { "" } else { "," };
         let _ = write!(text, "{sep}{k}=\"{}\"", escape(v));
     }
-    let mut all = families().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut all = families().lock();
     let family = all.entry(name).or_insert_with(|| Family {
         help,
         series: BTreeMap::new(),
@@ -318,7 +310,7 @@ pub fn histogram(
 /// series' plain totals, so a series whose worker left keeps its counts in one
 /// place instead of one per thread.
 fn compact_histograms() {
-    let mut all = families().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut all = families().lock();
     for s in all.values_mut().flat_map(|f| f.series.values_mut()) {
         if s.live.as_ref().is_some_and(|h| Arc::strong_count(h) == 1) {
             // The last holder's records happened before it dropped its reference.
@@ -332,7 +324,7 @@ fn compact_histograms() {
 
 /// Append every histogram family in the Prometheus text format.
 pub fn render_into(out: &mut String) {
-    let all = families().lock().unwrap_or_else(PoisonError::into_inner);
+    let all = families().lock();
     for (name, family) in all.iter() {
         let _ = writeln!(out, "# HELP {name} {}", family.help);
         let _ = writeln!(out, "# TYPE {name} histogram");

@@ -3,21 +3,21 @@
 
 pub mod access_log;
 pub mod cost;
-pub mod hub;
 pub mod labels;
 pub mod local;
 pub mod names;
 pub mod process;
-pub mod scaling;
+pub mod record;
+pub mod sinks;
 pub mod trace;
 
-pub use hub::{Finished, Hub, RequestTags, RouteTags};
+pub use record::{End, RequestRecord, RouteTags};
+pub use sinks::Sinks;
 
-use crate::pool::Snapshot;
 use dashmap::DashMap;
 use foldhash::fast::RandomState;
 use local::{LocalCount, LocalCounter, LocalHistogram};
-use metrics::{counter, gauge, Counter, SharedString};
+use metrics::{counter, Counter, SharedString};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::cell::RefCell;
 use std::hash::Hash;
@@ -76,50 +76,17 @@ pub fn spawn_upkeep(handle: PrometheusHandle) {
     });
 }
 
-/// Render the exposition text, refreshing the worker gauges from their atomics first.
-pub fn render(handle: &PrometheusHandle, snap: &Snapshot, hub: Option<&Hub>) -> String {
-    for w in snap.workers() {
-        let id = SharedString::from(w.id.clone());
-        gauge!(names::WORKER_IN_FLIGHT, names::L_WORKER => id.clone())
-            .set(w.state.in_flight.load(Ordering::Relaxed) as f64);
-        gauge!(names::WORKER_HEALTHY, names::L_WORKER => id.clone()).set(if w.is_available() {
-            1.0
-        } else {
-            0.0
-        });
-        let st = &w.state.stats;
-        let now = crate::runtime::clock::now_ms();
-        let load = st.load(w.in_flight(), now, u64::MAX);
-        gauge!(names::WORKER_QUEUE, names::L_WORKER => id.clone()).set(load.queue);
-        gauge!(names::WORKER_WAITING, names::L_WORKER => id.clone())
-            .set(st.waiting.load(Ordering::Relaxed) as f64);
-        gauge!(names::WORKER_RUNNING, names::L_WORKER => id.clone())
-            .set(st.running.load(Ordering::Relaxed) as f64);
-        gauge!(names::WORKER_KV_USAGE_RATIO, names::L_WORKER => id.clone()).set(load.kv_usage);
-        gauge!(names::WORKER_STATS_AGE_SECONDS, names::L_WORKER => id)
-            .set(st.age_ms(now).map_or(-1.0, |a| a as f64 / 1000.0));
-    }
-    for p in &snap.pools {
-        if let Some(ix) = &p.prefix_index {
-            let pool = SharedString::from(p.name.clone());
-            let m = ix.memory();
-            gauge!(names::PREFIX_INDEX_ENTRIES, names::L_POOL => pool.clone())
-                .set(m.entries as f64);
-            gauge!(names::PREFIX_INDEX_PAIRS, names::L_POOL => pool.clone()).set(m.pairs as f64);
-            gauge!(names::PREFIX_INDEX_BYTES, names::L_POOL => pool.clone()).set(m.bytes as f64);
-            counter!(names::PREFIX_INDEX_EVICTIONS_TOTAL, names::L_POOL => pool)
-                .absolute(m.evictions);
-        }
-    }
-    if let Some(hub) = hub {
-        hub.refresh_gauges();
+/// Render the exposition text (the caller refreshes gauges kept elsewhere first).
+pub fn render(handle: &PrometheusHandle, sinks: Option<&Sinks>) -> String {
+    if let Some(s) = sinks {
+        s.refresh_gauges();
     }
     let cpu = process::refresh();
     local::flush();
     let mut out = handle.render();
     local::render_into(&mut out);
-    if let Some(hub) = hub {
-        hub.render_into(&mut out);
+    if let Some(s) = sinks {
+        s.render_into(&mut out);
     }
     process::render_into(&mut out, cpu);
     out
@@ -209,11 +176,13 @@ pub type TokensRef<'a> = (
 );
 
 /// Endpoint labels, in `api::Endpoint` order.
-pub const ENDPOINTS: [&str; 5] = [
+pub const ENDPOINTS: [&str; 7] = [
     "chat_completions",
     "completions",
     "embeddings",
     "responses",
+    "messages",
+    "count_tokens",
     "other",
 ];
 
@@ -259,12 +228,6 @@ impl PairMetrics {
             .increment(1);
         }
     }
-}
-
-/// Record a finished proxied request: Prometheus families, cost, cache accuracy,
-/// dashboard aggregates, access log and trace (see [`Hub::finish`]).
-pub fn record_request(tags: &RequestTags, route: &RouteTags, f: Finished<'_>) {
-    tags.hub.finish(tags, route, f);
 }
 
 /// Counters resolved once per distinct label combination. The request path then

@@ -8,8 +8,8 @@
 //! (accepted by the OpenTelemetry Collector, Jaeger and Tempo), and it keeps the
 //! protobuf/gRPC stacks out of the build (see `docs/observability.md`).
 
-use super::hub::{RequestTags, RouteTags};
 use super::names;
+use super::record::{End, RequestRecord};
 use crate::config::observability::TracingConfig;
 use bytes::Bytes;
 use http::HeaderValue;
@@ -206,30 +206,28 @@ impl Tracer {
     }
 
     /// The request's own span, from arrival to the end of the response.
-    pub fn end_request_span(
-        &self,
-        tags: &RequestTags,
-        route: Option<&RouteTags>,
-        status: u16,
-        outcome: &str,
-        e2e: Duration,
-    ) {
-        let t = &tags.trace;
+    pub fn end_request_span(&self, r: &RequestRecord<'_>) {
+        let t = r.trace;
         if !t.sampled {
             return;
         }
-        let end = unix_ns_at(Instant::now());
+        let outcome = match r.end {
+            End::Proxied { outcome, .. } => outcome.as_str(),
+            End::Refused { reason, .. } => reason,
+        };
+        let end = unix_ns_at(crate::runtime::clock::now());
         let mut attrs = vec![
-            ("http.response.status_code", json!(status)),
+            ("http.response.status_code", json!(r.status)),
             ("switchyard.outcome", json!(outcome)),
-            ("switchyard.tenant", json!(&*tags.tenant.name)),
-            ("switchyard.attempts", json!(tags.attempts())),
+            ("switchyard.tenant", json!(&**r.tenant)),
+            ("switchyard.attempts", json!(r.attempts)),
         ];
-        if let Some(p) = route.map(|r| &r.pool).or(tags.pool.as_ref()) {
+        let route = r.route();
+        if let Some(p) = route.map(|x| &x.pool).or(r.pool) {
             attrs.push(("switchyard.pool", json!(&**p)));
         }
-        if let Some(r) = route {
-            attrs.push(("switchyard.worker", json!(&*r.worker)));
+        if let Some(x) = route {
+            attrs.push(("switchyard.worker", json!(&*x.worker)));
         }
         self.record(Span {
             trace_id: t.trace_id,
@@ -237,51 +235,43 @@ impl Tracer {
             parent: t.parent_span_id,
             name: "switchyard.request",
             kind: SpanKind::Server,
-            start_ns: end.saturating_sub(e2e.as_nanos() as u64),
+            start_ns: end.saturating_sub(r.elapsed().as_nanos() as u64),
             end_ns: end,
             attrs,
-            error: status >= 500,
+            error: r.status >= 500,
+        });
+    }
+
+    /// Record a child span of a sampled request.
+    pub fn child_span(&self, trace: &TraceContext, child: ChildSpan) {
+        if !trace.sampled {
+            return;
+        }
+        let end_ns = unix_ns_at(child.end);
+        let took = child.end.saturating_duration_since(child.start).as_nanos() as u64;
+        self.record(Span {
+            trace_id: trace.trace_id,
+            span_id: child.span_id,
+            parent: Some(trace.span_id),
+            name: child.name,
+            kind: child.kind,
+            start_ns: end_ns.saturating_sub(took),
+            end_ns,
+            attrs: child.attrs,
+            error: child.error,
         });
     }
 }
 
-impl RequestTags {
-    /// Record a child span of the request (no-op unless the trace is exported).
-    #[allow(clippy::too_many_arguments)]
-    pub fn child_span(
-        &self,
-        name: &'static str,
-        kind: SpanKind,
-        span_id: u64,
-        start: Instant,
-        end: Instant,
-        attrs: Vec<(&'static str, Value)>,
-        error: bool,
-    ) {
-        let Some(tracer) = &self.hub.tracer else {
-            return;
-        };
-        if !self.trace.sampled {
-            return;
-        }
-        let end_ns = unix_ns_at(end);
-        tracer.record(Span {
-            trace_id: self.trace.trace_id,
-            span_id,
-            parent: Some(self.trace.span_id),
-            name,
-            kind,
-            start_ns: end_ns.saturating_sub(end.saturating_duration_since(start).as_nanos() as u64),
-            end_ns,
-            attrs,
-            error,
-        });
-    }
-
-    /// Spans are being exported for this request.
-    pub fn tracing(&self) -> bool {
-        self.trace.sampled && self.hub.tracer.is_some()
-    }
+/// A child span of the request: an upstream attempt, the admission wait.
+pub struct ChildSpan {
+    pub name: &'static str,
+    pub kind: SpanKind,
+    pub span_id: u64,
+    pub start: Instant,
+    pub end: Instant,
+    pub attrs: Vec<(&'static str, Value)>,
+    pub error: bool,
 }
 
 /// The OTLP/HTTP JSON body for a batch of spans.

@@ -1,4 +1,5 @@
-//! Tenancy (minimal): who is calling. A client's `Authorization: Bearer KEY` is
+//! Tenancy (minimal): who is calling. A client's `Authorization: Bearer KEY` (or
+//! Anthropic's `x-api-key: KEY`) is
 //! mapped to a configured tenant through a map of key hashes (the keys themselves
 //! are never stored here, logged or compared byte by byte); without a recognised
 //! key the tenant is `anonymous`, or the `x-switchyard-tenant` header when the
@@ -14,6 +15,8 @@ use std::sync::Arc;
 
 /// Header naming the tenant, honoured only with `tenancy.trust_tenant_header`.
 pub const TENANT_HEADER: http::HeaderName = http::HeaderName::from_static("x-switchyard-tenant");
+/// Anthropic's API key header, read like `Authorization: Bearer`.
+pub const API_KEY_HEADER: http::HeaderName = http::HeaderName::from_static("x-api-key");
 /// Longest tenant name accepted from the header.
 const MAX_HEADER_TENANT: usize = 64;
 
@@ -86,10 +89,15 @@ impl Tenancy {
     /// trust boundary's one exception: with `trust_tenant_header` a front proxy
     /// may name a tenant, but never one that has keys (that needs the key).
     pub fn resolve(&self, headers: &HeaderMap) -> Result<Tenant, Refused> {
-        let key = headers
+        // Anthropic's clients send their key as `x-api-key`.
+        let bearer = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| bearer_token(v.as_bytes()));
-        if let Some(k) = key {
+        let api_key = headers
+            .get(API_KEY_HEADER)
+            .map(|v| v.as_bytes().trim_ascii())
+            .filter(|k| !k.is_empty());
+        for k in [bearer, api_key].into_iter().flatten() {
             if let Some(t) = self.by_key_hash.get(&key_hash(k)) {
                 return Ok(t.clone());
             }
@@ -182,6 +190,21 @@ mod tests {
             &*t.resolve(&HeaderMap::new()).unwrap().name,
             ANONYMOUS_TENANT
         );
+    }
+
+    #[test]
+    fn x_api_key_maps_to_tenants_like_bearer() {
+        let t = tenancy(false);
+        let h = headers(&[("x-api-key", "sk-acme-123")]);
+        assert_eq!(&*t.resolve(&h).unwrap().name, "acme");
+        // An unknown bearer token does not hide a known x-api-key.
+        let both = headers(&[
+            ("authorization", "Bearer nope"),
+            ("x-api-key", "sk-globex-456"),
+        ]);
+        assert_eq!(&*t.resolve(&both).unwrap().name, "globex");
+        let wrong = headers(&[("x-api-key", "sk-acme-12")]);
+        assert_eq!(&*t.resolve(&wrong).unwrap().name, ANONYMOUS_TENANT);
     }
 
     #[test]

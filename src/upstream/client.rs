@@ -22,7 +22,8 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::UpstreamBody;
 
@@ -239,7 +240,7 @@ impl UpstreamClient {
             let pool = pools
                 .iter_mut()
                 .find(|p| p.client == self.id && p.authority == *authority)?;
-            let now = Instant::now();
+            let now = crate::runtime::clock::now();
             let mut i = pool.conns.len();
             while i > 0 {
                 i -= 1;
@@ -260,7 +261,7 @@ impl UpstreamClient {
     pub fn sweep_idle_connections() {
         H1_POOLS.with(|p| {
             let mut pools = p.borrow_mut();
-            let now = Instant::now();
+            let now = crate::runtime::clock::now();
             for pool in pools.iter_mut() {
                 pool.conns.retain(|(tx, since)| {
                     !(tx.is_closed() || (tx.is_ready() && now - *since > IDLE_TIMEOUT))
@@ -289,7 +290,7 @@ impl UpstreamClient {
                 }
             };
             if pool.conns.len() < MAX_IDLE_PER_UPSTREAM {
-                pool.conns.push((tx, Instant::now()));
+                pool.conns.push((tx, crate::runtime::clock::now()));
             }
         })
     }

@@ -3,11 +3,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
-use std::time::Instant;
+use tokio::time::Instant;
 
 const SLOTS: usize = 10;
 
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+static EPOCH: LazyLock<Instant> = LazyLock::new(crate::runtime::clock::now);
 
 /// Counts per one-second slot; slots older than the window are ignored.
 #[derive(Default)]

@@ -97,6 +97,7 @@ impl Scripted {
             .route("/v1/models", get(models))
             .route("/v1/chat/completions", post(chat))
             .route("/v1/responses", post(chat))
+            .route("/v1/messages", post(chat))
             .route("/v1/custom/thing", post(chat))
             .with_state(st.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

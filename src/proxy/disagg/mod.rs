@@ -92,7 +92,7 @@ pub async fn forward(
         // A retry, as in the aggregated path: within the deadline and the retry
         // budget, counted, after a jittered backoff.
         if attempt > 0 {
-            if Instant::now() >= ctx.deadline() {
+            if crate::runtime::clock::now() >= ctx.deadline() {
                 break;
             }
             if !ctx.route.pool.retry_budget.try_retry() {
@@ -101,7 +101,7 @@ pub async fn forward(
                 break;
             }
             counter!(names::RETRIES_TOTAL, names::L_POOL => pool.clone()).increment(1);
-            let b = Instant::now();
+            let b = crate::runtime::clock::now();
             Box::pin(backoff(ctx.route.pool.config.retry_backoff, attempt)).await;
             ctx.tags.add_waited(b.elapsed());
         }
@@ -243,7 +243,7 @@ async fn vllm(
     if pre.contains_key("max_completion_tokens") {
         pre.insert("max_completion_tokens".into(), json!(1));
     }
-    let t0 = Instant::now();
+    let t0 = crate::runtime::clock::now();
     let (resp, guard) = send(ctx, p, to_bytes(&pre), ctx.size(0), deadline)
         .await
         .map_err(leg(Leg::Prefill))?;
@@ -309,7 +309,7 @@ async fn decode_leg(
 ) -> Result<Response<Body>, LegError> {
     let ws = &ctx.route.workers;
     let deadline = ctx.deadline();
-    let t1 = Instant::now();
+    let t1 = crate::runtime::clock::now();
     // The KV arrives from the prefill worker: no prefill work here.
     let size = RequestSize {
         prefill_tokens: 0,
@@ -358,7 +358,7 @@ async fn sglang(
     b.insert("bootstrap_port".into(), json!(port));
     b.insert("bootstrap_room".into(), json!(rand::random::<u64>() >> 1));
     let bytes = to_bytes(&b);
-    let t0 = Instant::now();
+    let t0 = crate::runtime::clock::now();
     let (pre, dec) = tokio::join!(
         send(ctx, p, bytes.clone(), ctx.size(0), deadline),
         decode_leg(ctx, bytes, p, d)

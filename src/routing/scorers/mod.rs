@@ -4,7 +4,7 @@
 //!
 //! A pick calls [`Scorer::prepare`] once (what the scores share, e.g. the price
 //! range), then [`Scorer::score`] per candidate. Both are pure and allocation-free.
-//! Adding a scorer: one file here and one line in [`build`] (see
+//! Adding a scorer: one file here and one line in [`REGISTRY`] (see
 //! `docs/architecture.md`, "How to add a scorer").
 
 mod cost;
@@ -23,7 +23,7 @@ pub use queue::Queue;
 pub use session::Session;
 
 use super::{Reason, RouteRequest};
-use crate::config::ScorerKind;
+use crate::config::RawConfig;
 use crate::pool::Worker;
 use std::sync::Arc;
 
@@ -118,15 +118,51 @@ pub trait Scorer: Send + Sync {
     }
 }
 
+/// A scorer's config name and how to make one.
+pub type Entry = (&'static str, fn() -> Box<dyn Scorer>);
+
+/// Every scorer a `weighted` pipeline can name in `[pools.routing].scorers`.
+pub const REGISTRY: &[Entry] = &[
+    ("prefix", || Box::new(Prefix)),
+    ("queue", || Box::new(Queue)),
+    ("cost", || Box::new(Cost)),
+    ("session", || Box::new(Session)),
+    ("kv", || Box::new(Kv)),
+    #[cfg(test)]
+    ("last", || Box::new(last::Last)),
+];
+
 /// The scorer a configured name stands for.
-pub fn build(kind: ScorerKind) -> Box<dyn Scorer> {
-    match kind {
-        ScorerKind::Prefix => Box::new(Prefix),
-        ScorerKind::Queue => Box::new(Queue),
-        ScorerKind::Cost => Box::new(Cost),
-        ScorerKind::Session => Box::new(Session),
-        ScorerKind::Kv => Box::new(Kv),
+pub fn build(name: &str) -> Option<Box<dyn Scorer>> {
+    REGISTRY
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, make)| make())
+}
+
+/// `[pools.routing].scorers` entries naming no scorer, as config problems.
+pub fn unknown_names(raw: &RawConfig) -> Vec<String> {
+    let known = || {
+        REGISTRY
+            .iter()
+            .map(|(n, _)| *n)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut out = Vec::new();
+    for (i, pool) in raw.pools.iter().enumerate() {
+        let listed = pool.routing.scorers.as_deref();
+        for (j, s) in listed.unwrap_or_default().iter().enumerate() {
+            if build(&s.name).is_none() {
+                out.push(format!(
+                    "pools[{i}].routing.scorers[{j}].name: unknown scorer `{}` (expected one of: {})",
+                    s.name,
+                    known()
+                ));
+            }
+        }
     }
+    out
 }
 
 #[cfg(test)]
@@ -175,5 +211,38 @@ pub(crate) mod testing {
             let p = s.prepare(&v);
             cands.iter().map(|c| s.score(&p, &v, c)).collect()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{self, Secrets};
+
+    #[test]
+    fn an_unknown_scorer_is_reported_with_every_other_problem() {
+        let text = r#"
+            [[pools]]
+            models = ["n"]
+            policy = "weighted"
+            workers = [{ url = "http://h:2" }]
+            [pools.routing]
+            scorers = [{ name = "vibes", weight = 1.0 }, { name = "queue", weight = 0.0 }]
+        "#;
+        let e = config::read(text)
+            .check_with(super::unknown_names)
+            .validate(Secrets::Required)
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "pools[0].routing.scorers[0].name: unknown scorer `vibes` (expected one of: prefix, queue",
+            "pools[0].routing.scorers[1].weight",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+        let ok = config::read(&text.replace("vibes", "kv").replace("0.0", "1.0"));
+        assert!(ok
+            .check_with(super::unknown_names)
+            .validate(Secrets::Required)
+            .is_ok());
     }
 }

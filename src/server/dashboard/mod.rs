@@ -1,11 +1,12 @@
 //! The live dashboard: one embedded HTML page (`index.html`, vanilla JS and canvas
 //! charts, no external assets) at `/dashboard`, polling `/dashboard/status`, a JSON
-//! document the gateway computes from its hub: the fleet view of the last tick and
+//! document the gateway computes from its telemetry sinks: the fleet view of the last tick and
 //! the ring buffer of per-second aggregates (bounded by
 //! `telemetry.dashboard_window_s`).
 
 use super::Gateway;
-use crate::telemetry::hub::{FleetView, SecondAgg};
+use crate::pool::fleet::FleetView;
+use crate::telemetry::sinks::{self, series::SecondAgg};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
@@ -60,26 +61,27 @@ pub struct Status {
 
 /// Build the status document.
 pub fn status_of(gw: &Gateway) -> Status {
-    let hub = &gw.hub;
+    let s = &gw.sinks;
     let mut cost = CostView {
         total_usd: 0.0,
         by_tenant: BTreeMap::new(),
         by_model: BTreeMap::new(),
         by_region: BTreeMap::new(),
     };
-    for (model, region, tenant, usd) in hub.costs() {
+    for (model, region, tenant, usd) in s.costs.totals() {
         cost.total_usd += usd;
         *cost.by_tenant.entry(tenant.to_string()).or_default() += usd;
         *cost.by_model.entry(model.to_string()).or_default() += usd;
         *cost.by_region.entry(region.to_string()).or_default() += usd;
     }
     Status {
-        t: crate::telemetry::hub::unix_ms(),
+        t: sinks::unix_ms(),
         window_s: gw.registry.config().observability.dashboard_window_s,
-        fleet: hub.fleet(),
-        series: hub.series(),
-        cache: hub
-            .cache_totals()
+        fleet: gw.fleet.view(),
+        series: s.series.seconds(),
+        cache: s
+            .cache
+            .totals()
             .into_iter()
             .map(|(pool, p, a)| CacheView {
                 pool,

@@ -148,7 +148,11 @@ mod tests {
         // Ramp: queue grows 4 → 8 → 16 → 40 on 2 replicas.
         let mut seen = Vec::new();
         for q in [8.0, 16.0, 32.0, 80.0] {
-            let r = s.recommend(Instant::now(), &input(2, q, 0.3, Some(500)), &t);
+            let r = s.recommend(
+                crate::runtime::clock::now(),
+                &input(2, q, 0.3, Some(500)),
+                &t,
+            );
             seen.push(r.desired_replicas);
             tokio::time::advance(Duration::from_secs(10)).await;
         }
@@ -160,10 +164,18 @@ mod tests {
     async fn kv_and_ttft_can_drive_the_recommendation() {
         let t = targets();
         let mut s = Scaler::default();
-        let r = s.recommend(Instant::now(), &input(4, 4.0, 0.96, Some(200)), &t);
+        let r = s.recommend(
+            crate::runtime::clock::now(),
+            &input(4, 4.0, 0.96, Some(200)),
+            &t,
+        );
         assert_eq!((r.signal, r.desired_replicas), ("kv_usage", 5)); // 4 × 1.2 = 4.8 → 5
         let mut s = Scaler::default();
-        let r = s.recommend(Instant::now(), &input(4, 4.0, 0.2, Some(3_000)), &t);
+        let r = s.recommend(
+            crate::runtime::clock::now(),
+            &input(4, 4.0, 0.2, Some(3_000)),
+            &t,
+        );
         assert_eq!((r.signal, r.desired_replicas), ("ttft", 10)); // 4 × 3 = 12 → cap 10
     }
 
@@ -172,7 +184,11 @@ mod tests {
         let t = targets();
         let mut s = Scaler::default();
         for q in [16.0, 17.0, 15.0, 16.5, 14.5] {
-            let r = s.recommend(Instant::now(), &input(4, q, 0.5, Some(600)), &t);
+            let r = s.recommend(
+                crate::runtime::clock::now(),
+                &input(4, q, 0.5, Some(600)),
+                &t,
+            );
             assert_eq!(r.desired_replicas, 4, "queue {q}: {r:?}");
             tokio::time::advance(Duration::from_secs(5)).await;
         }
@@ -182,13 +198,17 @@ mod tests {
     async fn idle_scales_down_only_after_the_stabilisation_window() {
         let t = targets();
         let mut s = Scaler::default();
-        let busy = s.recommend(Instant::now(), &input(6, 24.0, 0.5, Some(800)), &t);
+        let busy = s.recommend(
+            crate::runtime::clock::now(),
+            &input(6, 24.0, 0.5, Some(800)),
+            &t,
+        );
         assert_eq!(busy.desired_replicas, 6);
         // Idle from now on: no queue, empty KV, no finished requests.
         let mut t_at_drop = None;
         for sec in 1..=90u64 {
             tokio::time::advance(Duration::from_secs(1)).await;
-            let r = s.recommend(Instant::now(), &input(6, 0.0, 0.0, None), &t);
+            let r = s.recommend(crate::runtime::clock::now(), &input(6, 0.0, 0.0, None), &t);
             assert_eq!(r.raw_replicas, 1);
             if r.desired_replicas == 1 && t_at_drop.is_none() {
                 t_at_drop = Some(sec);
@@ -207,7 +227,7 @@ mod tests {
         t.min_replicas = 0;
         let mut s = Scaler::default();
         let r = s.recommend(
-            Instant::now(),
+            crate::runtime::clock::now(),
             &ScalingInput {
                 replicas: 0,
                 queue: 3.0,
@@ -217,7 +237,7 @@ mod tests {
         );
         assert_eq!(r.desired_replicas, 1);
         let mut s = Scaler::default();
-        let r = s.recommend(Instant::now(), &ScalingInput::default(), &t);
+        let r = s.recommend(crate::runtime::clock::now(), &ScalingInput::default(), &t);
         assert_eq!(r.desired_replicas, 0);
     }
 }

@@ -1,9 +1,23 @@
-//! Command-line entry points shared by the binary: `serve`, `check-config`, `demo`.
+//! Command-line entry points shared by the binary: `serve`, `check-config`,
+//! `health`, and the version string.
+
+mod health;
+
+pub use health::{probe as health_probe, HealthArgs};
 
 use crate::config::{self, Config, PolicyKind, RawConfig, RawPool, RawWorker, Secrets};
 use clap::builder::PossibleValuesParser;
 use clap::Args;
 use std::path::PathBuf;
+
+/// `switchyard --version`: the package version and the git revision it was built
+/// from (`unknown` outside a git tree; see `build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("SWITCHYARD_GIT_REV"),
+    ")"
+);
 
 /// `--policy` takes one of the policy names.
 fn policy_names() -> PossibleValuesParser {
@@ -96,7 +110,10 @@ impl ServeArgs {
                 ..Default::default()
             });
         }
-        parsed.validate(Secrets::Required).map(|c| c.config)
+        parsed
+            .check_with(crate::routing::scorers::unknown_names)
+            .validate(Secrets::Required)
+            .map(|c| c.config)
     }
 }
 
@@ -114,7 +131,9 @@ pub fn check_config(
     path: &std::path::Path,
     secrets: Secrets,
 ) -> Result<String, config::ConfigError> {
-    let checked = config::check_file(path, secrets)?;
+    let checked = config::read_file(path)?
+        .check_with(crate::routing::scorers::unknown_names)
+        .validate(secrets)?;
     let c = &checked.config;
     let workers: usize = c.pools.iter().map(|p| p.workers.len()).sum();
     let mut out = format!(

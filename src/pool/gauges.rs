@@ -1,0 +1,54 @@
+//! Scrape-time gauges read from the snapshot: each worker's live state and load,
+//! and each pool's prefix-index memory.
+
+use super::Snapshot;
+use crate::telemetry::names;
+use metrics::{counter, gauge, SharedString};
+use std::sync::atomic::Ordering;
+
+/// Set the worker and prefix-index gauges from their atomics.
+pub fn refresh(snap: &Snapshot) {
+    let now = crate::runtime::clock::now_ms();
+    for w in snap.workers() {
+        let id = SharedString::from(w.id.clone());
+        let st = &w.state.stats;
+        let load = st.load(w.in_flight(), now, u64::MAX);
+        let set = |name: &'static str, v: f64| {
+            gauge!(name, names::L_WORKER => id.clone()).set(v);
+        };
+        set(
+            names::WORKER_IN_FLIGHT,
+            w.state.in_flight.load(Ordering::Relaxed) as f64,
+        );
+        set(
+            names::WORKER_HEALTHY,
+            if w.is_available() { 1.0 } else { 0.0 },
+        );
+        set(names::WORKER_QUEUE, load.queue);
+        set(
+            names::WORKER_WAITING,
+            st.waiting.load(Ordering::Relaxed) as f64,
+        );
+        set(
+            names::WORKER_RUNNING,
+            st.running.load(Ordering::Relaxed) as f64,
+        );
+        set(names::WORKER_KV_USAGE_RATIO, load.kv_usage);
+        set(
+            names::WORKER_STATS_AGE_SECONDS,
+            st.age_ms(now).map_or(-1.0, |a| a as f64 / 1000.0),
+        );
+    }
+    for p in &snap.pools {
+        if let Some(ix) = &p.prefix_index {
+            let pool = SharedString::from(p.name.clone());
+            let m = ix.memory();
+            gauge!(names::PREFIX_INDEX_ENTRIES, names::L_POOL => pool.clone())
+                .set(m.entries as f64);
+            gauge!(names::PREFIX_INDEX_PAIRS, names::L_POOL => pool.clone()).set(m.pairs as f64);
+            gauge!(names::PREFIX_INDEX_BYTES, names::L_POOL => pool.clone()).set(m.bytes as f64);
+            counter!(names::PREFIX_INDEX_EVICTIONS_TOTAL, names::L_POOL => pool)
+                .absolute(m.evictions);
+        }
+    }
+}

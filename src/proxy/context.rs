@@ -1,0 +1,133 @@
+//! The request's context: everything known about one request from admission on,
+//! shared (behind an `Arc`) by the forwarding phases and the response observer,
+//! and turned into one [`RequestRecord`] for the telemetry sinks when it ends.
+
+use crate::config::Config;
+use crate::pool::Worker;
+use crate::telemetry::labels::{REGION_LABEL_KEY, TIER_LABEL_KEY, UNKNOWN_REGION};
+use crate::telemetry::trace::{ChildSpan, TraceContext};
+use crate::telemetry::{End, RequestRecord, RouteTags, Sinks};
+use crate::tenancy::Tenant;
+use http::HeaderValue;
+use metrics::SharedString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Attempts and time spent waiting are atomics; the route a response took is in
+/// its [`RouteTags`].
+pub struct RequestTags {
+    pub sinks: Arc<Sinks>,
+    pub config: Arc<Config>,
+    pub request_id: HeaderValue,
+    /// Who is calling (residency and tenant labels use it).
+    pub tenant: Tenant,
+    pub tenant_label: SharedString,
+    pub request_bytes: u64,
+    pub stream: bool,
+    pub trace: TraceContext,
+    /// The pool the model name resolved to.
+    pub pool: Option<SharedString>,
+    attempts: AtomicU32,
+    /// Time spent waiting on workers, the pool queue and retry backoff (ns).
+    waited_ns: AtomicU64,
+}
+
+impl RequestTags {
+    pub fn new(
+        sinks: &Arc<Sinks>,
+        config: Arc<Config>,
+        request_id: HeaderValue,
+        tenant: Tenant,
+        trace: TraceContext,
+    ) -> RequestTags {
+        RequestTags {
+            tenant_label: sinks.tenants.get(&tenant.name),
+            sinks: sinks.clone(),
+            config,
+            request_id,
+            tenant,
+            request_bytes: 0,
+            stream: false,
+            trace,
+            pool: None,
+            attempts: AtomicU32::new(0),
+            waited_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The route a response took, for its observer.
+    pub fn route(
+        &self,
+        pool: &SharedString,
+        worker: &Worker,
+        policy: &'static str,
+        reason: &'static str,
+        predicted_cached_tokens: Option<u64>,
+    ) -> RouteTags {
+        let region = worker
+            .labels
+            .get(REGION_LABEL_KEY)
+            .map_or(UNKNOWN_REGION, String::as_str);
+        RouteTags {
+            pool: pool.clone(),
+            worker: worker.id.clone(),
+            tier: worker.labels.get(TIER_LABEL_KEY).map(|s| s.as_str().into()),
+            region: self.sinks.regions.get(region),
+            policy,
+            reason,
+            predicted_cached_tokens,
+        }
+    }
+
+    /// Count an upstream attempt; returns its number (1-based).
+    pub fn add_attempt(&self) -> u32 {
+        self.attempts.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub fn attempts(&self) -> u32 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
+    /// Add time spent waiting outside the gateway's own work.
+    pub fn add_waited(&self, d: Duration) {
+        self.waited_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed))
+    }
+
+    /// Spans are being exported for this request.
+    pub fn tracing(&self) -> bool {
+        self.trace.sampled && self.sinks.tracer.is_some()
+    }
+
+    /// Record a child span of the request (no-op unless the trace is exported).
+    pub fn child_span(&self, span: ChildSpan) {
+        if let Some(t) = &self.sinks.tracer {
+            t.child_span(&self.trace, span);
+        }
+    }
+
+    /// Phase: finish. The request ended (answered, failed or refused): every
+    /// sink is fed once.
+    pub fn finish(&self, endpoint: &'static str, status: u16, end: End<'_>) {
+        let request_id = self.request_id.to_str().unwrap_or("");
+        self.sinks.finish(&RequestRecord {
+            request_id,
+            tenant: &self.tenant.name,
+            tenant_label: &self.tenant_label,
+            trace: &self.trace,
+            prices: &self.config.observability.prices,
+            endpoint,
+            status,
+            attempts: self.attempts(),
+            stream: self.stream,
+            request_bytes: self.request_bytes,
+            pool: self.pool.as_ref(),
+            end,
+        });
+    }
+}
