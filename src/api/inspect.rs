@@ -58,6 +58,20 @@ impl Endpoint {
     }
 }
 
+/// Engine endpoints outside `/v1/{chat/completions,completions,embeddings,
+/// responses}` whose JSON body names the `model` that routes them (vLLM serves
+/// each; `/v1/...` paths not listed are routed the same way when they carry a
+/// model).
+pub const MODEL_PATHS: &[&str] = &[
+    "/tokenize",
+    "/detokenize",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/score",
+    "/v1/score",
+];
+
 /// Routing features of one request.
 #[derive(Clone, Debug, Default)]
 pub struct RequestInfo {
@@ -72,6 +86,9 @@ pub struct RequestInfo {
     /// top-level `system` (Anthropic Messages), the system prompt's text
     /// followed by the messages' (a copy: the two are apart in the body).
     pub routing_text: Option<Bytes>,
+    /// `previous_response_id` (Responses API): the stored response this request
+    /// continues, which only its owner holds.
+    pub previous_response_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -98,6 +115,8 @@ struct Probe<'a> {
     prompt: Option<&'a RawValue>,
     #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    previous_response_id: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -141,6 +160,7 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
         cache_salt: p.cache_salt.map(Cow::into_owned),
         max_tokens: p.max_completion_tokens.or(p.max_tokens),
         routing_text: text,
+        previous_response_id: p.previous_response_id.map(Cow::into_owned),
     })
 }
 
@@ -165,6 +185,7 @@ fn explain(body: &[u8], e: serde_json::Error) -> InspectError {
         ("cache_salt", "a string"),
         ("max_tokens", "a non-negative integer"),
         ("max_completion_tokens", "a non-negative integer"),
+        ("previous_response_id", "a string"),
     ];
     for (field, expected) in EXPECTED {
         if let Some(v) = obj.get(*field).filter(|v| !v.is_null()) {

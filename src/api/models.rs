@@ -17,6 +17,15 @@ pub struct ModelCard {
     pub created: u64,
     #[serde(default = "owner")]
     pub owned_by: String,
+    /// The model the engine loaded (an adapter's path for a LoRA adapter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<String>,
+    /// The base model of an adapter; the model an alias names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// Longest prompt + output the engine accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u64>,
 }
 
 fn model_object() -> String {
@@ -35,15 +44,22 @@ impl ModelCard {
             object: model_object(),
             created: 0,
             owned_by: owner(),
+            root: None,
+            parent: None,
+            max_model_len: None,
         }
     }
 }
 
 impl ModelList {
     pub fn new(ids: impl IntoIterator<Item = String>) -> Self {
+        Self::of(ids.into_iter().map(ModelCard::new).collect())
+    }
+
+    pub fn of(data: Vec<ModelCard>) -> Self {
         ModelList {
             object: "list".into(),
-            data: ids.into_iter().map(ModelCard::new).collect(),
+            data,
         }
     }
 }

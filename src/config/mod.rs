@@ -446,6 +446,18 @@ pub struct AdminConfig {
     pub token: Secret,
 }
 
+/// The engine a pool's workers run, for what differs between them: how a
+/// request is cancelled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineKind {
+    /// vLLM stops a request when its connection closes.
+    #[default]
+    Vllm,
+    /// SGLang is told with `POST /abort_request {"rid": ...}`; the gateway sets
+    /// `rid` in each request body it forwards.
+    Sglang,
+}
+
 /// How a disaggregated pool hands a request from prefill to decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DisaggMode {
@@ -572,6 +584,8 @@ pub struct PoolConfig {
     pub tokenizer: Option<TokenizerConfig>,
     /// `[pools.kv_events]` (defaults when absent).
     pub kv_events: KvEventsConfig,
+    /// `sglang` when set so, or when the pool disaggregates SGLang-style.
+    pub engine: EngineKind,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -1099,6 +1113,23 @@ fn validate_pool(
         DEFAULT_QUEUE_TIMEOUT_MS,
     );
     let forward_headers = forward_headers(key, &rp.forward_headers, p);
+    let engine = match rp.engine.as_deref() {
+        None if disaggregation
+            .as_ref()
+            .is_some_and(|d| d.mode == DisaggMode::Sglang) =>
+        {
+            EngineKind::Sglang
+        }
+        None | Some("vllm") => EngineKind::Vllm,
+        Some("sglang") => EngineKind::Sglang,
+        Some(other) => {
+            p.push(format!(
+                "{}: unknown engine `{other}` (expected one of: vllm, sglang)",
+                key.field("engine")
+            ));
+            EngineKind::Vllm
+        }
+    };
     let pool = PoolConfig {
         name,
         models: rp.models,
@@ -1135,6 +1166,7 @@ fn validate_pool(
             rp.kv_events.unwrap_or_default(),
             p,
         ),
+        engine,
     };
     (pool, indices)
 }

@@ -173,6 +173,9 @@ pub struct RawPool {
     /// LoRA adapter names served by this pool's workers; forwarded unchanged.
     #[serde(default)]
     pub lora_adapters: Vec<String>,
+    /// The engine the workers run: `vllm` (default) or `sglang` (a client that
+    /// leaves gets its request aborted with `POST /abort_request`).
+    pub engine: Option<String>,
     /// Workers from Kubernetes: Ready pods matching a label selector in a namespace.
     pub kubernetes: Option<RawKubernetes>,
     /// `[pools.routing]`: settings of the routing policy and the stats poller.

@@ -80,6 +80,19 @@ async fn fetch_models(
     w: &super::Worker,
     auth: Option<http::HeaderValue>,
 ) -> anyhow::Result<Vec<String>> {
+    Ok(fetch_cards(client, w, auth)
+        .await?
+        .into_iter()
+        .map(|m| m.id)
+        .collect())
+}
+
+/// A worker's `GET /v1/models` cards (with the engine's metadata).
+pub async fn fetch_cards(
+    client: &UpstreamClient,
+    w: &super::Worker,
+    auth: Option<http::HeaderValue>,
+) -> anyhow::Result<Vec<crate::api::models::ModelCard>> {
     let uri = format!("{}/v1/models", w.id);
     let mut req = http::Request::get(uri).body(Default::default())?;
     if let Some(a) = auth {
@@ -93,5 +106,5 @@ async fn fetch_models(
         .await??
         .to_bytes();
     let list: ModelList = serde_json::from_slice(&body)?;
-    Ok(list.data.into_iter().map(|m| m.id).collect())
+    Ok(list.data)
 }

@@ -3,7 +3,7 @@
 //! tasks (model discovery, later stats and health) build and swap a new one.
 
 pub mod admission;
-mod discovery;
+pub mod discovery;
 mod dns;
 pub mod fleet;
 pub mod gauges;

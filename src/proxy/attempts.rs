@@ -13,7 +13,7 @@ use super::forward::{
 use crate::config::HealthConfig;
 use crate::pool::admission::{Priority, QueueError};
 use crate::pool::{InFlightGuard, ModelRoute, Role};
-use crate::routing::{Decision, Policy, RouteRequest};
+use crate::routing::{Decision, Policy, Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind};
@@ -148,6 +148,15 @@ impl<'c, 'a> Attempts<'c, 'a> {
     /// worker. `None`: no worker can take the request.
     async fn select(&mut self) -> Result<Option<Decision>, GatewayError> {
         let route = self.ctx.route;
+        if let Some(owner) = self.ctx.pinned {
+            // Only the owner holds the state: no queue, no limit, no other worker.
+            return Ok((!self.tried.contains(&owner)).then_some(Decision {
+                index: owner,
+                reason: Reason::Owner,
+                cross: None,
+                spill: None,
+            }));
+        }
         let limit = route.pool.config.max_concurrency_per_worker;
         loop {
             self.pick_start = self.ctx.tags.tracing().then(crate::runtime::clock::now);
@@ -311,6 +320,10 @@ impl<'c, 'a> Attempts<'c, 'a> {
     }
 
     fn may_retry(&self) -> Result<(), &'static str> {
+        // Only the owner holds a pinned request's state; an upload was sent.
+        if self.ctx.upload.is_some() || self.ctx.pinned.is_some() {
+            return Err("not_replayable");
+        }
         may_retry(
             self.ctx.route,
             &self.rreq,
@@ -331,7 +344,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
 
 /// One line per request that failed (or is passed a worker's error) after its
 /// attempts: which workers answered what, and why no further attempt was made
-/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`).
+/// (`attempts`, `deadline`, `no_candidate`, `budget`, `not_retryable`,
+/// `not_replayable`).
 fn log_failed(ctx: &ForwardContext<'_>, trail: &[String], stop: &'static str) {
     tracing::warn!(
         request_id = ?ctx.request_id,

@@ -29,6 +29,8 @@ pub enum GatewayError {
     BodyTimeout(Duration),
     #[error("The request body must be JSON (Content-Type: application/json), not {0}")]
     UnsupportedMediaType(String),
+    #[error("Malformed multipart upload: {0}")]
+    MalformedMultipart(String),
     #[error("Request headers too large: {0}")]
     HeadersTooLarge(String),
     #[error(
@@ -61,6 +63,15 @@ pub enum GatewayError {
     QueueFull(String),
     #[error("Pool `{0}` is at capacity; the request waited too long in the queue")]
     QueueTimeout(String),
+    /// A gateway-issued response id whose worker is no longer in any pool.
+    #[error("Response `{0}` was stored by a worker that is no longer serving, so it is gone (a follow-up must send the whole conversation as `input`, without `previous_response_id`)")]
+    ResponseOwnerGone(String),
+    /// The worker holding a stored response is configured but did not answer.
+    #[error("The worker holding response `{id}` is unavailable ({detail}); retry later, or send the whole conversation as `input` without `previous_response_id`")]
+    ResponseOwnerUnavailable { id: String, detail: String },
+    /// A response id this gateway did not issue, on a path that names no model.
+    #[error("No response found with id `{0}` (this gateway did not issue it)")]
+    UnknownResponse(String),
     #[error("Upstream {worker} is unreachable: {detail}")]
     UpstreamConnect { worker: Arc<str>, detail: String },
     #[error("Upstream {worker} failed: {detail}")]
@@ -74,6 +85,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_)
+            | MalformedMultipart(_)
             | MissingModel
             | InvalidRequest(_)
             | BodyRead(_)
@@ -85,9 +97,12 @@ impl GatewayError {
             UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             TenantNeedsKey => StatusCode::UNAUTHORIZED,
-            UnknownModel(_) | NotFound(_) | NotSupported(_) => StatusCode::NOT_FOUND,
+            UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
+            | UnknownResponse(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            NoHealthyWorker(_) | ResidencyUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            NoHealthyWorker(_) | ResidencyUnavailable { .. } | ResponseOwnerUnavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             QueueFull(_) | QueueTimeout(_) => StatusCode::TOO_MANY_REQUESTS,
             UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -99,6 +114,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_) => "malformed_json",
+            MalformedMultipart(_) => "malformed_multipart",
             MissingModel => "missing_model",
             InvalidRequest(_) => "invalid_request",
             NotSupported(_) => "not_supported",
@@ -113,6 +129,9 @@ impl GatewayError {
             MethodNotAllowed { .. } => "method_not_allowed",
             TenantNeedsKey => "tenant_needs_key",
             NotFound(_) => "not_found",
+            ResponseOwnerGone(_) => "response_owner_gone",
+            UnknownResponse(_) => "unknown_response",
+            ResponseOwnerUnavailable { .. } => "response_owner_unavailable",
             NoHealthyWorker(_) => "no_healthy_worker",
             ResidencyUnavailable { .. } => "residency_unavailable",
             InvalidResidency { .. } => "invalid_residency",
@@ -130,6 +149,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_)
+            | MalformedMultipart(_)
             | MissingModel
             | InvalidRequest(_)
             | NotSupported(_)
@@ -143,11 +163,15 @@ impl GatewayError {
             | TenantNeedsKey
             | UnknownModel(_)
             | NotFound(_)
+            | UnknownResponse(_)
             | BodyTooLarge(_)
             | InvalidResidency { .. } => "client",
-            NoHealthyWorker(_) | ResidencyUnavailable { .. } | QueueFull(_) | QueueTimeout(_) => {
-                "gateway"
-            }
+            NoHealthyWorker(_)
+            | ResidencyUnavailable { .. }
+            | QueueFull(_)
+            | QueueTimeout(_)
+            | ResponseOwnerGone(_)
+            | ResponseOwnerUnavailable { .. } => "gateway",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
         }
     }
@@ -181,6 +205,8 @@ impl GatewayError {
         match self {
             TenantNeedsKey => "authentication_error",
             NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
+            ResponseOwnerGone(_) => "invalid_request_error",
+            ResponseOwnerUnavailable { .. } => "service_unavailable",
             QueueFull(_) | QueueTimeout(_) => "rate_limit_exceeded",
             _ => match self.class() {
                 "upstream" => "upstream_error",
@@ -199,6 +225,9 @@ impl GatewayError {
             MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
             TenantNeedsKey => (None, Some("invalid_api_key")),
             NotFound(_) => (None, Some("unknown_url")),
+            ResponseOwnerGone(_) => (Some("previous_response_id"), Some("response_owner_gone")),
+            UnknownResponse(_) => (None, Some("response_not_found")),
+            ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),
             ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
             InvalidResidency { .. } => (None, Some("invalid_residency")),
             _ => (None, None),

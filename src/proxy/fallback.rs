@@ -22,7 +22,9 @@ pub async fn forward_with_fallbacks<'a>(
     let mut visited: SmallVec<[&str; 4]> = SmallVec::new();
     loop {
         let err = match forward(&ctx).await {
-            Err(e) if e.falls_back() => e,
+            // A pinned request's state is on its owner: no other pool has it;
+            // a streamed upload has been sent.
+            Err(e) if e.falls_back() && ctx.pinned.is_none() && ctx.upload.is_none() => e,
             other => return other,
         };
         let route = ctx.route;
@@ -34,7 +36,12 @@ pub async fn forward_with_fallbacks<'a>(
         telemetry::record_fallback(&route.pool.name, &next.pool.name);
         ctx = ForwardContext {
             route: next,
-            body: pool_body(body, &next.pool.config, ctx.endpoint)?,
+            body: super::cancel::with_rid(
+                pool_body(body, &next.pool.config, ctx.endpoint)?,
+                &next.pool.config,
+                ctx.endpoint,
+                ctx.request_id,
+            )?,
             ..ctx
         };
     }

@@ -16,7 +16,6 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{request, Request, Response, Uri};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -161,6 +160,11 @@ pub struct ForwardContext<'a> {
     pub residency: Option<&'a Residency>,
     /// Region names, for messages.
     pub global: &'a GlobalConfig,
+    /// The only worker (index in `route`) that may serve the request: the owner
+    /// of the stored response it continues (`proxy::affinity`).
+    pub pinned: Option<usize>,
+    /// A streamed upload sent instead of `body` (once: no retry, no fallback).
+    pub upload: Option<&'a super::upload::Upload>,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -423,7 +427,7 @@ fn prepare(
     let pass_auth = pool.config.pass_client_auth;
     // The client's Content-Length is kept when the body is forwarded as it came
     // (hyper would otherwise format a new one); a rewritten body gets hyper's.
-    let same_length = {
+    let same_length = ctx.upload.is_some() || {
         let mut cl = ctx.parts.headers.get_all(header::CONTENT_LENGTH).iter();
         matches!((cl.next(), cl.next()), (Some(v), None)
             if v.to_str().ok().and_then(|s| s.parse::<usize>().ok()) == Some(body.len()))
@@ -442,7 +446,14 @@ fn prepare(
     }
     headers.insert(REQUEST_ID_HEADER, ctx.request_id.clone());
     headers.insert(TRACEPARENT, ctx.tags.trace.upstream_header(attempt_span));
-    let mut req = Request::new(Full::new(body));
+    let body = match ctx.upload {
+        None => UpstreamBody::from(body),
+        Some(u) => u.take().ok_or_else(|| GatewayError::UpstreamFailed {
+            worker: worker.id.clone(),
+            detail: "a streamed upload is sent once and cannot be retried".into(),
+        })?,
+    };
+    let mut req = Request::new(body);
     *req.method_mut() = ctx.parts.method.clone();
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
@@ -462,6 +473,30 @@ async fn send_prepared(
         // Boxed so the plain-HTTP path's future stays small (futures are moved whole).
         Box::pin(client.request(req)).await
     }
+}
+
+/// How the engine learns the client left: SGLang pools get an abort on the
+/// answering worker and, in a disaggregated request, its prefill worker.
+fn cancel_for(
+    ctx: &ForwardContext<'_>,
+    worker: &Worker,
+    prefill: Option<&str>,
+) -> Option<super::cancel::Cancel> {
+    let pool = &ctx.route.pool;
+    if pool.config.engine != crate::config::EngineKind::Sglang {
+        return None;
+    }
+    let mut workers = vec![worker.id.clone()];
+    if let Some(p) = ctx.route.workers.iter().find(|w| Some(&*w.id) == prefill) {
+        workers.push(p.id.clone());
+    }
+    Some(super::cancel::Cancel::new(
+        ctx.client,
+        &pool.config,
+        pool.upstream_auth.as_ref(),
+        workers,
+        ctx.body.clone(),
+    ))
 }
 
 /// Wrap the upstream response for the client: hop-by-hop headers dropped, body
@@ -509,6 +544,7 @@ pub(crate) fn respond(
             route,
             // A translated stream's errors are reshaped with the rest of it.
             anthropic_errors: ctx.endpoint.is_anthropic() && !ctx.translates(),
+            cancel: cancel_for(ctx, worker, note.prefill),
         },
     );
     if ctx.translates() {
@@ -518,6 +554,13 @@ pub(crate) fn respond(
             parts,
             Body::new(super::anthropic::TranslatedBody::new(observed, sse, status)),
         );
+    }
+    if ctx.endpoint == Endpoint::Responses {
+        // Response ids carry their owner (`affinity`); the length changes.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let token = super::affinity::owner_token(&worker.id);
+        let rewritten = super::affinity::IdRewriter::new(Body::new(observed), token);
+        return Response::from_parts(parts, Body::new(rewritten));
     }
     Response::from_parts(parts, Body::new(observed))
 }

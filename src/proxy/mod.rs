@@ -2,8 +2,10 @@
 //! the upstream request, forward, retry elsewhere while nothing has reached the
 //! client, then hand the response body to the observer.
 
+pub mod affinity;
 pub(crate) mod anthropic;
 mod attempts;
+pub mod cancel;
 pub mod context;
 pub(crate) mod disagg;
 mod error;
@@ -11,6 +13,7 @@ mod fallback;
 pub mod forward;
 mod headers;
 pub mod observe;
+pub mod upload;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
 pub use anthropic::pool_body;

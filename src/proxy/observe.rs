@@ -125,6 +125,9 @@ pub struct ObserveParams {
     pub tags: Arc<RequestTags>,
     /// The route this response took.
     pub route: RouteTags,
+    /// How to tell the engine when the client leaves (SGLang pools); other
+    /// engines see the connection close.
+    pub cancel: Option<super::cancel::Cancel>,
     /// End a failed stream with Anthropic's `error` event instead of OpenAI's.
     pub anthropic_errors: bool,
 }
@@ -288,6 +291,12 @@ fn carries_content(data: &[u8]) -> bool {
 impl Drop for Observer {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        if outcome == Outcome::Cancelled {
+            match self.p.cancel.take() {
+                Some(c) => c.fire(),
+                None => super::cancel::count(&self.p.route.worker, "connection_closed"),
+            }
+        }
         let usage = self.usage.map(Usage::normalized);
         let u = usage.unwrap_or_default();
         let m = RequestMetrics {

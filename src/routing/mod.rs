@@ -73,6 +73,8 @@ pub enum Reason {
     Prefill,
     /// Disaggregation: the decode worker, chosen by load.
     Decode,
+    /// The worker holding the stored response the request continues.
+    Owner,
 }
 
 impl Reason {
@@ -88,6 +90,7 @@ impl Reason {
         Reason::LeastKv,
         Reason::Prefill,
         Reason::Decode,
+        Reason::Owner,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -103,6 +106,7 @@ impl Reason {
             Reason::LeastKv => "least_kv",
             Reason::Prefill => "pd_prefill",
             Reason::Decode => "pd_decode",
+            Reason::Owner => "response_owner",
         }
     }
 }

@@ -1,11 +1,11 @@
 //! Route handlers: the proxy entry point and the gateway's own endpoints.
 
 use super::{request_id, Gateway};
-use crate::api::{self, inspect::InspectError, models::ModelCard, models::ModelList, Endpoint};
+use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::pool::{ModelRoute, Snapshot};
 use crate::proxy::RequestTags;
-use crate::proxy::{self, ForwardContext, GatewayError, SESSION_HEADER};
+use crate::proxy::{self, affinity, ForwardContext, GatewayError, SESSION_HEADER};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
@@ -30,6 +30,39 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
+    run(gw, req, Mode::Json).await
+}
+
+/// `GET`/`DELETE /v1/responses/{id}` and `/v1/responses/{id}/{cancel,input_items}`:
+/// sent to the worker that stored the response, named by its gateway-issued id.
+pub async fn stored_response(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    run(gw, req, Mode::Stored).await
+}
+
+/// `POST /v1/audio/transcriptions` and `/translations`: a multipart upload,
+/// forwarded as it arrives once its `model` field is read.
+pub async fn upload(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let head = http::Request::from_parts(parts, http_body_util::Empty::<Bytes>::new());
+    run(gw, head, Mode::Upload(body)).await
+}
+
+/// Where a request names what serves it.
+enum Mode {
+    /// `model` in a JSON body.
+    Json,
+    /// A gateway-issued response id in the path.
+    Stored,
+    /// A `model` form field of a multipart upload (its body).
+    Upload(axum::body::Body),
+}
+
+/// The phases of [`proxy`], for each [`Mode`].
+async fn run<B>(gw: Arc<Gateway>, req: http::Request<B>, mode: Mode) -> Response
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::fmt::Display,
+{
     let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
@@ -39,7 +72,11 @@ where
         snap: &snap,
         parts: &parts,
         request_id: &request_id,
-        endpoint: Endpoint::from_path(parts.uri.path()),
+        endpoint: if matches!(mode, Mode::Stored) {
+            Endpoint::Responses
+        } else {
+            Endpoint::from_path(parts.uri.path())
+        },
         start,
     };
     let (mut tags, residency) = match inbound.admit() {
@@ -48,7 +85,13 @@ where
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
-    let result = inbound.serve(body, &mut tags, residency, &mut known).await;
+    let result = match mode {
+        Mode::Json => inbound.serve(body, &mut tags, residency, &mut known).await,
+        Mode::Stored => inbound.serve_stored(body, &mut tags, &mut known).await,
+        Mode::Upload(upload) => {
+            Box::pin(inbound.serve_upload(upload, &mut tags, residency, &mut known)).await
+        }
+    };
     let mut resp = match result {
         Ok(r) => r,
         Err(e) => inbound.finish_error(&e, &tags, known),
@@ -123,6 +166,7 @@ impl<'a> Inbound<'a> {
             known: known_residencies(&self.snap.config.global),
         })?;
         let (route, body) = self.resolve(&info, body, residency.as_ref())?;
+        let (route, body, pinned) = self.continuation(&info, route, body)?;
         *known = Some(route);
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
@@ -134,7 +178,12 @@ impl<'a> Inbound<'a> {
             client: &self.gw.client,
             route,
             parts: self.parts,
-            body: proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
+            body: proxy::cancel::with_rid(
+                proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
+                &route.pool.config,
+                self.endpoint,
+                self.request_id,
+            )?,
             info: &info,
             endpoint: self.endpoint,
             request_id: self.request_id,
@@ -145,8 +194,170 @@ impl<'a> Inbound<'a> {
             tags,
             residency: residency.as_ref(),
             global: &self.snap.config.global,
+            pinned,
+            upload: None,
         };
-        proxy::forward_with_fallbacks(ctx, self.snap, &body).await
+        let answer = proxy::forward_with_fallbacks(ctx, self.snap, &body).await;
+        match (answer, &info.previous_response_id) {
+            (Err(e), Some(id)) if pinned.is_some() => Err(owner_failed(id, e)),
+            (answer, _) => answer,
+        }
+    }
+
+    /// A Responses request continuing a gateway-issued `previous_response_id`
+    /// goes to the id's owner, with the engine's own id written back into the
+    /// body. Ids the gateway did not issue are routed as usual.
+    fn continuation(
+        &self,
+        info: &api::RequestInfo,
+        route: &'a Arc<ModelRoute>,
+        body: Bytes,
+    ) -> Result<(&'a Arc<ModelRoute>, Bytes, Option<usize>), GatewayError> {
+        let prev = match (&self.endpoint, &info.previous_response_id) {
+            (Endpoint::Responses, Some(p)) => p,
+            _ => return Ok((route, body, None)),
+        };
+        let Some((token, engine_id)) = affinity::decode(prev) else {
+            return Ok((route, body, None));
+        };
+        let Some((owner, idx)) = affinity::find_owner(self.snap, Some(route), token) else {
+            tracing::warn!(id = %prev, "previous response's worker is gone");
+            return Err(GatewayError::ResponseOwnerGone(api::error::echo(prev)));
+        };
+        let body = affinity::replace_string(&body, prev, engine_id);
+        Ok((owner, body, Some(idx)))
+    }
+
+    /// A request on a stored response's path: to the response's owner, with
+    /// the engine's id in the path, never elsewhere.
+    async fn serve_stored<B>(
+        &self,
+        body: B,
+        tags: &mut Arc<RequestTags>,
+        known: &mut Option<&'a Arc<ModelRoute>>,
+    ) -> Result<Response, GatewayError>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: std::fmt::Display,
+    {
+        let server = &self.snap.config.server;
+        let body = within(
+            server.body_read_timeout,
+            read_body(body, &self.parts.headers, server.max_body_bytes),
+        )
+        .await?;
+        let path = self.parts.uri.path();
+        let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
+        let (id, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let (token, engine_id) = affinity::decode(id)
+            .ok_or_else(|| GatewayError::UnknownResponse(api::error::echo(id)))?;
+        let (route, idx) = affinity::find_owner(self.snap, None, token).ok_or_else(|| {
+            tracing::warn!(id = %id, "stored response's worker is gone");
+            GatewayError::ResponseOwnerGone(api::error::echo(id))
+        })?;
+        *known = Some(route);
+        if let Some(t) = unshared(tags) {
+            t.pool = Some(route.pool.metrics.name.clone());
+        }
+        let mut parts = self.parts.clone();
+        let query = parts
+            .uri
+            .query()
+            .map(|q| format!("?{q}"))
+            .unwrap_or_default();
+        parts.uri = format!("/v1/responses/{engine_id}{tail}{query}")
+            .parse()
+            .map_err(|_| GatewayError::UnknownResponse(api::error::echo(id)))?;
+        let info = api::RequestInfo {
+            model: Some(route.model.to_string()),
+            ..Default::default()
+        };
+        let ctx = ForwardContext {
+            client: &self.gw.client,
+            route,
+            parts: &parts,
+            body,
+            info: &info,
+            endpoint: self.endpoint,
+            request_id: self.request_id,
+            timeouts: server.timeouts,
+            health: &self.snap.config.health,
+            debug_headers: server.debug_headers,
+            start: self.start,
+            tags,
+            residency: None,
+            global: &self.snap.config.global,
+            pinned: Some(idx),
+            upload: None,
+        };
+        proxy::forward(&ctx).await.map_err(|e| owner_failed(id, e))
+    }
+
+    /// A multipart upload: read until its `model` field, then forwarded as a
+    /// stream to one worker of that model's pool (the body is sent once).
+    async fn serve_upload<B>(
+        &self,
+        body: B,
+        tags: &mut Arc<RequestTags>,
+        residency: AskedResidency,
+        known: &mut Option<&'a Arc<ModelRoute>>,
+    ) -> Result<Response, GatewayError>
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<crate::upstream::BoxError>,
+    {
+        let server = &self.snap.config.server;
+        let boundary = proxy::upload::boundary(&self.parts.headers)?;
+        if let Some(n) = self
+            .parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        {
+            if n > server.max_body_bytes as u64 {
+                return Err(GatewayError::BodyTooLarge(server.max_body_bytes));
+            }
+        }
+        let peek = proxy::upload::split_model(body, &boundary, server.max_body_bytes);
+        let (model, upload) = tokio::time::timeout(server.body_read_timeout, peek)
+            .await
+            .map_err(|_| GatewayError::BodyTimeout(server.body_read_timeout))??;
+        let residency = residency.map_err(|v| GatewayError::InvalidResidency {
+            value: v,
+            known: known_residencies(&self.snap.config.global),
+        })?;
+        let route = self
+            .snap
+            .resolve(&model, None, residency.as_ref())
+            .ok_or_else(|| GatewayError::UnknownModel(api::error::echo(&model)))?
+            .route;
+        *known = Some(route);
+        if let Some(t) = unshared(tags) {
+            t.pool = Some(route.pool.metrics.name.clone());
+        }
+        let info = api::RequestInfo {
+            model: Some(model),
+            ..Default::default()
+        };
+        let ctx = ForwardContext {
+            client: &self.gw.client,
+            route,
+            parts: self.parts,
+            body: Bytes::new(),
+            info: &info,
+            endpoint: self.endpoint,
+            request_id: self.request_id,
+            timeouts: server.timeouts,
+            health: &self.snap.config.health,
+            debug_headers: server.debug_headers,
+            start: self.start,
+            tags,
+            residency: residency.as_ref(),
+            global: &self.snap.config.global,
+            pinned: None,
+            upload: Some(&upload),
+        };
+        proxy::forward(&ctx).await
     }
 
     /// Phase: read the body (bounded in size and time) and inspect it.
@@ -187,14 +398,15 @@ impl<'a> Inbound<'a> {
         body: Bytes,
         residency: Option<&Residency>,
     ) -> Result<(&'a Arc<ModelRoute>, Bytes), GatewayError> {
-        let name = info
-            .model
-            .as_deref()
-            .ok_or(if self.endpoint == Endpoint::Other {
+        let name = info.model.as_deref().ok_or(
+            if self.endpoint == Endpoint::Other
+                && !api::inspect::MODEL_PATHS.contains(&self.parts.uri.path())
+            {
                 GatewayError::NotFound(api::error::echo(self.parts.uri.path()))
             } else {
                 GatewayError::MissingModel
-            })?;
+            },
+        )?;
         let session = self
             .parts
             .headers
@@ -257,6 +469,19 @@ impl<'a> Inbound<'a> {
             },
         );
         e.to_response_for(self.endpoint.is_anthropic())
+    }
+}
+
+/// A pinned request's failure: the owner did not answer (no other worker
+/// holds the response), said so in the client's terms.
+fn owner_failed(id: &str, e: GatewayError) -> GatewayError {
+    if !e.falls_back() {
+        return e;
+    }
+    tracing::warn!(id = %id, error = %e, "the worker holding a stored response did not answer");
+    GatewayError::ResponseOwnerUnavailable {
+        id: api::error::echo(id),
+        detail: e.to_string(),
     }
 }
 
@@ -400,7 +625,7 @@ where
 
 /// `GET /v1/models`: every model name and alias the gateway serves.
 pub async fn models(State(gw): State<Arc<Gateway>>) -> Json<ModelList> {
-    Json(ModelList::new(gw.registry.snapshot().model_names()))
+    Json(super::models::list(&gw).await)
 }
 
 /// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): one served model, or a
@@ -411,7 +636,10 @@ pub async fn model(
 ) -> Response {
     let known = gw.registry.snapshot().model_names().contains(&id);
     if known {
-        return Json(ModelCard::new(id)).into_response();
+        let list = super::models::list(&gw).await;
+        if let Some(c) = list.data.into_iter().find(|c| c.id == id) {
+            return Json(c).into_response();
+        }
     }
     let e = GatewayError::UnknownModel(api::error::echo(&id));
     telemetry::record_gateway_error(None, e.reason(), 404);

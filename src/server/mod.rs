@@ -5,6 +5,7 @@ pub mod admin;
 mod conn;
 pub mod dashboard;
 mod handlers;
+mod models;
 mod reload;
 mod request_id;
 pub mod shards;
@@ -121,28 +122,42 @@ impl Gateway {
 
 /// The client-facing routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(handlers::proxy::<axum::body::Body>),
-        )
-        .route("/v1/completions", post(handlers::proxy::<axum::body::Body>))
-        .route("/v1/embeddings", post(handlers::proxy::<axum::body::Body>))
-        .route("/v1/responses", post(handlers::proxy::<axum::body::Body>))
-        .route("/v1/messages", post(handlers::proxy::<axum::body::Body>))
-        .route(
-            "/v1/messages/count_tokens",
-            post(handlers::proxy::<axum::body::Body>),
-        )
-        .route("/v1/models", get(handlers::models))
-        .route("/v1/models/{*id}", get(handlers::model))
-        .route("/health", get(handlers::health))
-        .route("/ready", get(handlers::ready))
-        .route("/metrics", get(handlers::metrics))
-        .merge(dashboard::router(&gw))
-        .fallback(handlers::fallback)
-        .method_not_allowed_fallback(handlers::method_not_allowed)
-        .with_state(gw)
+    let mut r = Router::new();
+    for path in crate::api::inspect::MODEL_PATHS {
+        r = r.route(path, post(handlers::proxy::<axum::body::Body>));
+    }
+    r.route(
+        "/v1/chat/completions",
+        post(handlers::proxy::<axum::body::Body>),
+    )
+    .route("/v1/completions", post(handlers::proxy::<axum::body::Body>))
+    .route("/v1/embeddings", post(handlers::proxy::<axum::body::Body>))
+    .route("/v1/responses", post(handlers::proxy::<axum::body::Body>))
+    .route("/v1/messages", post(handlers::proxy::<axum::body::Body>))
+    .route(
+        "/v1/messages/count_tokens",
+        post(handlers::proxy::<axum::body::Body>),
+    )
+    .route(
+        "/v1/responses/{id}",
+        get(handlers::stored_response).delete(handlers::stored_response),
+    )
+    .route("/v1/responses/{id}/cancel", post(handlers::stored_response))
+    .route(
+        "/v1/responses/{id}/input_items",
+        get(handlers::stored_response),
+    )
+    .route("/v1/audio/transcriptions", post(handlers::upload))
+    .route("/v1/audio/translations", post(handlers::upload))
+    .route("/v1/models", get(handlers::models))
+    .route("/v1/models/{*id}", get(handlers::model))
+    .route("/health", get(handlers::health))
+    .route("/ready", get(handlers::ready))
+    .route("/metrics", get(handlers::metrics))
+    .merge(dashboard::router(&gw))
+    .fallback(handlers::fallback)
+    .method_not_allowed_fallback(handlers::method_not_allowed)
+    .with_state(gw)
 }
 
 /// The client-facing service. Inference POSTs go straight to the proxy handler,

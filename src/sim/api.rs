@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -19,13 +19,15 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::engine::{vocab, Event, Finish, Remote, Submit};
 use super::faults::{Fault, Faults, FAULT_HEADER};
-use super::{messages, metrics, responses, tokenizer, tools, ConnCtl, EngineKind, Role, Shared};
+use super::{
+    endpoints, messages, metrics, responses, tokenizer, tools, ConnCtl, EngineKind, Role, Shared,
+};
 
 type S = State<Arc<Shared>>;
 
@@ -34,14 +36,28 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/responses", post(responses))
+        .route(
+            "/v1/responses/{id}",
+            get(stored_response).delete(delete_response),
+        )
         .route("/v1/messages", post(anthropic_messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/embeddings", post(embeddings))
+        .route("/tokenize", post(endpoints::tokenize))
+        .route("/detokenize", post(endpoints::detokenize))
+        .route("/v1/rerank", post(endpoints::rerank))
+        .route("/rerank", post(endpoints::rerank))
+        .route("/v2/rerank", post(endpoints::rerank))
+        .route("/v1/score", post(endpoints::score))
+        .route("/score", post(endpoints::score))
+        .route("/v1/audio/transcriptions", post(endpoints::audio))
+        .route("/v1/audio/translations", post(endpoints::audio))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/version", get(version))
         .route("/metrics", get(prom))
         .route("/get_load", get(get_load))
+        .route("/abort_request", post(super::abort::abort_request))
         .route("/get_model_info", get(get_model_info))
         .route("/sim/faults", post(set_faults).get(get_faults))
         .route("/sim/info", get(info))
@@ -351,9 +367,14 @@ struct Gen {
     nixl_prefill: bool,
     /// Responses API: request fields the response object repeats.
     echo: Map<String, Value>,
+    /// Responses API: the conversation so far, stored with the answer.
+    turns: responses::Turns,
+    /// SGLang's request id (`rid` in the body, else `X-Request-Id`), which
+    /// `/abort_request` names.
+    rid: Option<String>,
 }
 
-fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+pub(super) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     let v: Value =
         serde_json::from_slice(body).map_err(|e| bad(format!("invalid JSON body: {e}")))?;
     if !v.is_object() {
@@ -362,7 +383,7 @@ fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-fn check_model(s: &Shared, model: Option<String>) -> Result<String, ApiError> {
+pub(super) fn check_model(s: &Shared, model: Option<String>) -> Result<String, ApiError> {
     match model {
         None => Ok(s.cfg.model.clone()),
         Some(m) if s.cfg.served_names().any(|n| n == m) => Ok(m),
@@ -472,23 +493,22 @@ fn prompt_tokens(v: &Value) -> Result<Vec<u32>, ApiError> {
 }
 
 /// The prompt's token ids and the last user message (which picks a forced tool).
-fn request_tokens(kind: Kind, v: &Value) -> Result<(Vec<u32>, String), ApiError> {
-    Ok(match kind {
-        Kind::Chat => {
-            let m = chat_messages(v)?;
-            (encode_messages(&m, v.get("tools")), last_user(&m))
-        }
-        Kind::Completion => (prompt_tokens(v)?, String::new()),
-        Kind::Responses => {
-            let m = responses::messages(v)?;
-            (encode_messages(&m, v.get("tools")), last_user(&m))
-        }
-        Kind::Messages => {
-            let m = messages::messages(v)?;
-            let (tools, _) = messages::chat_tools(v);
-            (encode_messages(&m, tools.as_ref()), last_user(&m))
-        }
-    })
+fn request_tokens(
+    kind: Kind,
+    v: &Value,
+    store: &responses::Store,
+) -> Result<(Vec<u32>, String, responses::Turns), ApiError> {
+    let m = match kind {
+        Kind::Completion => return Ok((prompt_tokens(v)?, String::new(), Vec::new())),
+        Kind::Chat => chat_messages(v)?,
+        Kind::Responses => responses::messages(v, store)?,
+        Kind::Messages => messages::messages(v)?,
+    };
+    let tools = match kind {
+        Kind::Messages => messages::chat_tools(v).0,
+        _ => v.get("tools").cloned(),
+    };
+    Ok((encode_messages(&m, tools.as_ref()), last_user(&m), m))
 }
 
 /// Which endpoint a body was sent to, for [`prompt_token_ids`].
@@ -508,8 +528,8 @@ pub fn prompt_token_ids(kind: PromptKind, body: &[u8]) -> Result<Vec<u32>, Strin
         PromptKind::Completion => Kind::Completion,
         PromptKind::Responses => Kind::Responses,
     };
-    request_tokens(kind, &v)
-        .map(|(t, _)| t)
+    request_tokens(kind, &v, &responses::Store::default())
+        .map(|(t, _, _)| t)
         .map_err(|e| e.message)
 }
 
@@ -558,13 +578,15 @@ impl Gen {
             serde_json::from_value(v.clone()).map_err(|e| bad(format!("invalid request: {e}")))?;
         let model = check_model(s, c.model.clone())?;
         let mut echo = Map::new();
+        let mut turns = Vec::new();
         let mut tool_spec = (v.get("tools").cloned(), v.get("tool_choice").cloned());
         if kind == Kind::Messages {
             tool_spec = messages::chat_tools(&v);
         }
-        let (tokens, hint) = request_tokens(kind, &v)?;
+        let (tokens, hint, m) = request_tokens(kind, &v, &s.responses)?;
         if kind == Kind::Responses {
             echo = responses::echo(&v);
+            turns = m;
         }
         if tokens.is_empty() {
             return Err(bad("prompt: must not be empty"));
@@ -705,6 +727,8 @@ impl Gen {
             events,
             nixl_prefill,
             echo,
+            turns,
+            rid: v.get("rid").and_then(Value::as_str).map(String::from),
         })
     }
 }
@@ -734,6 +758,23 @@ async fn responses(
     body: Bytes,
 ) -> Response {
     generate(s, ctl, headers, body, Kind::Responses).await
+}
+
+/// `GET /v1/responses/{id}`: a response this engine stored.
+async fn stored_response(State(s): S, Path(id): Path<String>) -> Response {
+    match s.responses.get(&id) {
+        Some(o) => axum::Json(o).into_response(),
+        None => responses::not_found(&id, None).into_response(),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`.
+async fn delete_response(State(s): S, Path(id): Path<String>) -> Response {
+    if s.responses.delete(&id) {
+        axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
+    } else {
+        responses::not_found(&id, None).into_response()
+    }
 }
 
 async fn anthropic_messages(
@@ -829,6 +870,12 @@ async fn generate(
         Ok(g) => g,
         Err(r) => return r.respond(kind),
     };
+    if g.rid.is_none() {
+        g.rid = headers
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
+    }
     let slow = match fault {
         Some(Fault::Slow(ms)) => Duration::from_millis(ms),
         _ => Duration::ZERO,
@@ -957,7 +1004,7 @@ fn full_body(s: &Shared, g: &Gen, choices: &[Choice], totals: &Totals) -> Value 
                 .take(g.n)
                 .map(|(c, o)| responses::item(o, &c.text, "completed"))
                 .collect();
-            responses::object(
+            let o = responses::object(
                 &g.echo,
                 &id,
                 now_secs(),
@@ -965,7 +1012,9 @@ fn full_body(s: &Shared, g: &Gen, choices: &[Choice], totals: &Totals) -> Value 
                 "completed",
                 json!(output),
                 responses::usage(totals),
-            )
+            );
+            responses::remember(&s.responses, &o, g.turns.clone());
+            o
         }
         Kind::Messages => {
             let (c, o) = (&choices[0], &g.outputs[0]);
@@ -1205,15 +1254,32 @@ async fn produce(
     if die_after == Some(0) {
         return die(tx).await;
     }
+    // `/abort_request` may name this request; a client that left stops it
+    // only when the engine notices disconnects.
+    let entry = g.rid.as_deref().map(|r| s.aborts.register(r));
+    let signal = entry
+        .as_ref()
+        .map_or_else(|| Arc::new(Notify::new()), |e| e.signal.clone());
+    let mut gone = false;
+    let ignore = s.cfg.ignore_disconnect;
     if let Some(b) = w.start() {
         if tx.send(Ok(b)).await.is_err() {
-            return;
+            if !ignore {
+                return;
+            }
+            gone = true;
         }
     }
     let mut counts = vec![0usize; g.outputs.len()];
     let mut totals = Totals::default();
     let mut sent = 0usize;
-    while let Some(e) = g.events.recv().await {
+    loop {
+        let e = tokio::select! {
+            e = g.events.recv() => e,
+            // Returning drops the event receiver: the engine aborts.
+            _ = signal.notified() => return,
+        };
+        let Some(e) = e else { break };
         match e {
             Event::Token { index, tok, finish } => {
                 let i = index as usize;
@@ -1223,8 +1289,11 @@ async fn produce(
                     .map(|f| o.finish_reason(f));
                 let frame = w.token(i, o, counts[i] == 0, o.piece(tok, counts[i]), fin);
                 counts[i] += 1;
-                if tx.send(Ok(frame)).await.is_err() {
-                    return;
+                if !gone && tx.send(Ok(frame)).await.is_err() {
+                    if !ignore {
+                        return;
+                    }
+                    gone = true;
                 }
                 sent += 1;
                 if die_after.is_some_and(|d| sent >= d) {
@@ -1243,7 +1312,13 @@ async fn produce(
                 if die_after.is_some() {
                     return die(tx).await;
                 }
-                let _ = tx.send(Ok(w.end(&g, &totals))).await;
+                let end = w.end(&g, &totals);
+                if let Writer::Responses(r) = &w {
+                    if let Some(o) = &r.done {
+                        responses::remember(&s.responses, o, g.turns.clone());
+                    }
+                }
+                let _ = tx.send(Ok(end)).await;
                 return;
             }
         }

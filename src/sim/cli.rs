@@ -68,6 +68,10 @@ pub struct SimArgs {
     /// Never preempt; reserve KV for each sequence's whole length on admission.
     #[arg(long)]
     pub no_preemption: bool,
+    /// Keep generating a streamed request after its client disconnects, until
+    /// it ends or `/abort_request` names it (an engine that must be told).
+    #[arg(long)]
+    pub ignore_disconnect: bool,
     /// Fixed cost of one engine step, in simulated ms [default: the profile's].
     #[arg(long)]
     pub step_base_ms: Option<f64>,
@@ -184,6 +188,7 @@ impl SimArgs {
         if self.no_prefix_caching {
             c.enable_prefix_caching = false;
         }
+        c.ignore_disconnect = self.ignore_disconnect;
         if self.no_preemption {
             c.preemption = false;
         }

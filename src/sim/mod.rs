@@ -18,8 +18,10 @@
 // it keeps its own clock reads and locks.
 #![allow(clippy::disallowed_methods, clippy::disallowed_types)]
 
+mod abort;
 pub mod api;
 mod cli;
+mod endpoints;
 pub mod engine;
 pub mod faults;
 pub mod kv;
@@ -136,6 +138,9 @@ pub struct SimConfig {
     pub faults: Faults,
     /// Publish KV-cache events over ZeroMQ (vLLM's `--kv-events-config`).
     pub kv_events: Option<kv_events::KvEventsConfig>,
+    /// Keep generating a streamed request whose client left, until it ends or
+    /// `/abort_request` (SGLang) names its `rid`.
+    pub ignore_disconnect: bool,
 }
 
 impl SimConfig {
@@ -164,6 +169,7 @@ impl SimConfig {
             kv_transfer_base_ms: 2.0,
             kv_transfer_per_token_ms: 0.002,
             mean_output_tokens: 200,
+            ignore_disconnect: false,
             embedding_dim: 1024,
             faults: Faults::default(),
             kv_events: None,
@@ -240,6 +246,12 @@ pub(crate) struct Shared {
     pub addr: SocketAddr,
     pub arrivals: AtomicU64,
     pub started: u64,
+    /// Stored Responses API responses.
+    pub responses: responses::Store,
+    /// Bytes of audio uploads received so far (counted as they arrive).
+    pub audio_bytes: AtomicU64,
+    /// Streamed requests by `rid`, to stop on `/abort_request`.
+    pub aborts: abort::Registry,
 }
 
 /// A running simulated engine. Dropping the handle kills the engine (as
@@ -297,6 +309,9 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
         addr,
         arrivals: AtomicU64::new(0),
         started,
+        responses: responses::Store::default(),
+        audio_bytes: AtomicU64::new(0),
+        aborts: abort::Registry::default(),
         cfg,
     });
     let (kill, _) = watch::channel(false);
@@ -341,6 +356,18 @@ impl SimHandle {
     }
 
     /// Replace the active faults (same as `POST /sim/faults`).
+    /// `/abort_request` calls received (SGLang).
+    pub fn aborts_received(&self) -> u64 {
+        self.shared.aborts.calls()
+    }
+
+    /// Bytes of audio uploads received so far, counted as they arrive.
+    pub fn audio_bytes_received(&self) -> u64 {
+        self.shared
+            .audio_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn set_faults(&self, f: Faults) {
         self.shared.faults.send_replace(f);
     }

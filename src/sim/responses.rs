@@ -1,10 +1,16 @@
-//! The OpenAI Responses API (`POST /v1/responses`) as vLLM serves it without
-//! a stored state: the input items become a chat conversation, generation
-//! goes through the same engine as chat, and the answer is a `response`
-//! object, or a stream of named SSE events (`event: TYPE` + `data: {json}`,
-//! each with `type` and `sequence_number`, no `[DONE]`).
+//! The OpenAI Responses API (`POST /v1/responses`) as vLLM serves it with
+//! its response store on: the input items (after the conversation of
+//! `previous_response_id`, if any) become a chat conversation, generation goes
+//! through the same engine as chat, and the answer is a `response` object, or a
+//! stream of named SSE events (`event: TYPE` + `data: {json}`, each with `type`
+//! and `sequence_number`, no `[DONE]`). Responses with `store` (the default)
+//! are kept in memory, at most [`STORE_CAPACITY`] (oldest dropped first), so
+//! only this engine can continue them or answer `GET`/`DELETE
+//! /v1/responses/{id}` for them.
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
+use std::sync::{Mutex, PoisonError};
 
 use axum::body::Bytes;
 use axum::http::StatusCode;
@@ -12,25 +18,86 @@ use serde_json::{json, Map, Value};
 
 use super::api::{api_error, bad, content_text, now_secs, ApiError, Output, Totals};
 
-/// (role, text) of the conversation: `instructions` as a system turn, then
-/// `input` (a string, or a list of message, `function_call` and
-/// `function_call_output` items).
-pub(super) fn messages(v: &Value) -> Result<Vec<(String, String)>, ApiError> {
-    if let Some(id) = v.get("previous_response_id").and_then(Value::as_str) {
-        // vLLM without VLLM_ENABLE_RESPONSES_API_STORE keeps no responses.
-        return Err(api_error(
-            StatusCode::NOT_FOUND,
-            format!("Response with id '{id}' not found."),
-            Some("previous_response_id"),
-        ));
+/// Stored responses kept per engine.
+pub const STORE_CAPACITY: usize = 1024;
+
+/// (role, text) turns of a conversation.
+pub(super) type Turns = Vec<(String, String)>;
+
+/// A stored response: its object and the conversation it ends.
+struct Stored {
+    object: Value,
+    turns: Turns,
+}
+
+/// The engine's stored responses, bounded, oldest evicted first.
+#[derive(Default)]
+pub(crate) struct Store {
+    inner: Mutex<(HashMap<String, Stored>, VecDeque<String>)>,
+}
+
+impl Store {
+    fn with<R>(&self, f: impl FnOnce(&mut (HashMap<String, Stored>, VecDeque<String>)) -> R) -> R {
+        f(&mut self.inner.lock().unwrap_or_else(PoisonError::into_inner))
     }
+
+    /// Keep `object` (with id `id`) and the conversation it ends.
+    pub(super) fn put(&self, id: &str, object: Value, turns: Turns) {
+        self.with(|(map, order)| {
+            if map.len() >= STORE_CAPACITY {
+                while let Some(old) = order.pop_front() {
+                    if map.remove(&old).is_some() {
+                        break;
+                    }
+                }
+            }
+            map.insert(id.to_string(), Stored { object, turns });
+            order.push_back(id.to_string());
+            if order.len() > 2 * STORE_CAPACITY {
+                // Deleted ids linger in the order until evicted; drop them.
+                order.retain(|k| map.contains_key(k));
+            }
+        });
+    }
+
+    fn turns(&self, id: &str) -> Option<Turns> {
+        self.with(|(map, _)| map.get(id).map(|s| s.turns.clone()))
+    }
+
+    pub(super) fn get(&self, id: &str) -> Option<Value> {
+        self.with(|(map, _)| map.get(id).map(|s| s.object.clone()))
+    }
+
+    pub(super) fn delete(&self, id: &str) -> bool {
+        self.with(|(map, _)| map.remove(id).is_some())
+    }
+}
+
+/// The 404 vLLM answers for a response it does not hold.
+pub(super) fn not_found(id: &str, param: Option<&'static str>) -> ApiError {
+    api_error(
+        StatusCode::NOT_FOUND,
+        format!("Response with id '{id}' not found."),
+        param,
+    )
+}
+
+/// (role, text) of the conversation: the stored conversation of
+/// `previous_response_id`, `instructions` as a system turn, then `input` (a
+/// string, or a list of message, `function_call` and `function_call_output`
+/// items).
+pub(super) fn messages(v: &Value, store: &Store) -> Result<Turns, ApiError> {
     if v.get("background").and_then(Value::as_bool) == Some(true) {
         return Err(bad(
-            "background: this engine does not store responses, so it cannot run them in the \
-             background",
+            "background: the simulator does not run responses in the background",
         ));
     }
-    let mut out = Vec::new();
+    let mut out = match v.get("previous_response_id").and_then(Value::as_str) {
+        Some(id) => store
+            .turns(id)
+            .ok_or_else(|| not_found(id, Some("previous_response_id")))?,
+        None => Vec::new(),
+    };
     match v.get("instructions") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => out.push(("system".to_string(), s.clone())),
@@ -89,6 +156,8 @@ pub(super) fn echo(v: &Value) -> Map<String, Value> {
         ("tools", json!([])),
         ("top_p", json!(1.0)),
         ("user", Value::Null),
+        ("previous_response_id", Value::Null),
+        ("store", json!(true)),
     ] {
         let val = v
             .get(k)
@@ -113,9 +182,9 @@ pub(super) fn object(
     let mut o = json!({
         "id": id, "object": "response", "created_at": created, "status": status,
         "model": model, "output": output, "usage": usage, "error": null,
-        "incomplete_details": null, "previous_response_id": null, "reasoning": null,
+        "incomplete_details": null, "reasoning": null,
         "text": {"format": {"type": "text"}}, "truncation": "disabled",
-        "background": false, "service_tier": "auto", "store": false,
+        "background": false, "service_tier": "auto",
     });
     if let Some(map) = o.as_object_mut() {
         map.extend(echo.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -177,6 +246,8 @@ pub(super) struct Stream {
     seq: u64,
     item_id: String,
     text: String,
+    /// The completed response object, once `end` wrote it.
+    pub(super) done: Option<Value>,
 }
 
 impl Stream {
@@ -189,6 +260,7 @@ impl Stream {
             seq: 0,
             item_id: String::new(),
             text: String::new(),
+            done: None,
         }
     }
 
@@ -281,6 +353,7 @@ impl Stream {
         );
         let r = self.object("completed", json!([item]), usage(totals));
         self.event(&mut out, "response.completed", json!({"response": r}));
+        self.done = Some(r);
         Bytes::from(out)
     }
 
@@ -289,5 +362,53 @@ impl Stream {
         let data = json!({"code": "server_error", "message": message, "param": null});
         self.event(&mut out, "error", data);
         Bytes::from(out)
+    }
+}
+
+/// Store a completed response (unless the request said `store: false`): its
+/// object and the conversation, the answer appended as an assistant turn.
+pub(super) fn remember(store: &Store, object: &Value, mut turns: Turns) {
+    if object.get("store").and_then(Value::as_bool) == Some(false) {
+        return;
+    }
+    let Some(id) = object.get("id").and_then(Value::as_str) else {
+        return;
+    };
+    let answer: String = object
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|item| match item.get("content").and_then(Value::as_array) {
+            Some(parts) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect::<String>(),
+            None => item
+                .get("arguments")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+        })
+        .collect();
+    turns.push(("assistant".to_string(), answer));
+    store.put(id, object.clone(), turns);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_is_bounded_and_forgets_the_oldest() {
+        let store = Store::default();
+        for i in 0..STORE_CAPACITY + 10 {
+            store.put(&format!("resp_{i}"), json!({}), Vec::new());
+        }
+        assert!(store.get("resp_0").is_none());
+        assert!(store.get("resp_9").is_none());
+        assert!(store.get("resp_10").is_some());
+        assert!(store.delete(&format!("resp_{}", STORE_CAPACITY + 9)));
+        assert_eq!(store.with(|(m, _)| m.len()), STORE_CAPACITY - 1);
     }
 }

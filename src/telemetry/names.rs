@@ -47,6 +47,7 @@ pub const BUSY_POLL_MICROSECONDS: &str = "switchyard_busy_poll_microseconds_tota
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
+pub const CANCELLATIONS_TOTAL: &str = "switchyard_cancellations_total";
 pub const REQUEST_CAUSED_FAILURES_TOTAL: &str = "switchyard_request_caused_failures_total";
 pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
@@ -122,6 +123,10 @@ pub const L_STICKY: &str = "sticky";
 /// Register help text and units for every metric.
 pub fn describe() {
     describe_kv_events();
+    describe_counter!(
+        CANCELLATIONS_TOTAL,
+        "Responses the client left before their end, by worker and how the engine was told (connection_closed; abort_sent or abort_failed for SGLang's /abort_request)."
+    );
     describe_counter!(
         REQUESTS_TOTAL,
         "Proxied requests by model, worker, endpoint, final status and outcome (completed, cancelled, error)."

@@ -8,10 +8,8 @@
 //! and rustls with the `ring` provider, trusting the webpki roots plus any CA
 //! files the config names.
 
-use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{header, HeaderValue, Request, Response, Uri};
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
@@ -27,8 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Request bodies are kept whole (`Bytes`) so an attempt can be replayed.
-pub type UpstreamBody = Full<Bytes>;
+use super::UpstreamBody;
 
 type Inner = Client<HttpsConnector<HttpConnector>, UpstreamBody>;
 
@@ -393,7 +390,7 @@ mod tests {
                 .unwrap();
         });
         let client = UpstreamClient::new(Duration::from_secs(5), &[]).unwrap();
-        let mut req = Request::new(Full::new(Bytes::new()));
+        let mut req = Request::new(UpstreamBody::default());
         *req.uri_mut() = Uri::from_static("/v1/models");
         req.headers_mut().insert(
             header::HOST,

@@ -2,8 +2,10 @@
 //! pooled upstream HTTP client (one HTTP/1 pool per serving thread, TLS for
 //! `https://` workers) and the per-pool retry budget. Imports nothing of ours.
 
+mod body;
 mod client;
 pub mod retry_budget;
 
+pub use body::{BoxError, UpstreamBody};
 pub(crate) use client::origin_form;
-pub use client::{UpstreamBody, UpstreamClient, UpstreamError};
+pub use client::{UpstreamClient, UpstreamError};

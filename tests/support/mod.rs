@@ -158,3 +158,44 @@ pub async fn stream_text(url: &str, body: serde_json::Value) -> (u16, String) {
     };
     (status, text)
 }
+
+/// A `switchyard serve --config FILE` process and its URL (killed on drop).
+pub struct Replica {
+    pub child: tokio::process::Child,
+    pub url: String,
+}
+
+/// Start the real binary on an ephemeral port with `config`; returns once it
+/// prints its ready line.
+pub async fn serve_binary(config: &std::path::Path) -> Replica {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            if let Some(u) = l.strip_prefix("switchyard ready url=") {
+                return u.to_string();
+            }
+        }
+        panic!("binary exited before printing its url");
+    })
+    .await
+    .expect("ready line");
+    Replica { child, url }
+}
+
+/// Write `toml` to a fresh file under the temp dir (named for the test).
+pub fn config_file(name: &str, toml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gw.toml");
+    std::fs::write(&file, toml).unwrap();
+    file
+}

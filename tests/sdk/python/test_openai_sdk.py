@@ -110,6 +110,21 @@ def test_responses_non_streaming_and_streaming(client):
     assert events[-1].type == "response.completed"
 
 
+def test_responses_continue_retrieve_and_delete(client):
+    first = client.responses.create(model=MODEL, input="Remember the word lantern.", max_output_tokens=4)
+    # The gateway's id names the worker that stored the response.
+    assert first.id.startswith("resp_sy")
+    second = client.responses.create(
+        model=MODEL, input="Which word?", max_output_tokens=4, previous_response_id=first.id
+    )
+    assert second.previous_response_id == first.id
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert client.responses.retrieve(second.id).id == second.id
+    client.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(second.id)
+
+
 def test_chat_with_n_choices(client):
     r = client.chat.completions.create(
         model=MODEL,
