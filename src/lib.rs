@@ -10,6 +10,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod epp;
 pub mod pool;
 pub mod proxy;
 pub mod routing;

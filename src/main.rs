@@ -1,4 +1,4 @@
-//! The `switchyard` binary: `serve`, `sim`, `demo`, `check-config`.
+//! The `switchyard` binary: `serve`, `epp`, `sim`, `demo`, `check-config`.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -38,6 +38,9 @@ enum Command {
     },
     /// Run simulated vLLM/SGLang engines.
     Sim(Box<switchyard::sim::SimArgs>),
+    /// Endpoint Picker for Envoy-based gateways: the ext_proc gRPC service that
+    /// tells the data plane which worker serves each request.
+    Epp(switchyard::epp::EppArgs),
     /// Simulated workers and a gateway in one process, ready to try.
     Demo(switchyard::demo::DemoArgs),
 }
@@ -158,6 +161,7 @@ fn main() -> ExitCode {
         match cli.cmd {
             Command::Serve(a) => run_serve(a).await,
             Command::Sim(a) => switchyard::sim::run(*a).await,
+            Command::Epp(a) => switchyard::epp::run(a, shutdown_signal()).await,
             Command::Demo(a) => switchyard::demo::run(a, shutdown_signal()).await,
             Command::CheckConfig { file, no_secrets } => {
                 let secrets = if no_secrets {
