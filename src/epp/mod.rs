@@ -116,7 +116,10 @@ pub async fn start(
 
 /// `switchyard epp`: run until `shutdown`, printing `switchyard epp ready …` once
 /// every model has a worker.
-pub async fn run(args: EppArgs, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    args: EppArgs,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let h = start(&args, async move {
         let mut stopped = stopped;

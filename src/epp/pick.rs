@@ -43,7 +43,11 @@ impl Choice {
 
     /// How much prefill work the request brings to the picked worker.
     pub fn size(&self) -> RequestSize {
-        let bytes = self.info.routing_text.as_ref().map_or(0, |t| t.len() as u64);
+        let bytes = self
+            .info
+            .routing_text
+            .as_ref()
+            .map_or(0, |t| t.len() as u64);
         let tokens = bytes / u64::from(self.route.pool.config.routing.bytes_per_token.get());
         RequestSize {
             bytes,
@@ -78,9 +82,8 @@ pub fn decide(
     residency: Option<&Residency>,
     fallbacks: usize,
 ) -> Result<Choice, GatewayError> {
-    let info = api::inspect(body).map_err(|api::inspect::InspectError::Malformed(m)| {
-        GatewayError::MalformedJson(m)
-    })?;
+    let info = api::inspect(body)
+        .map_err(|api::inspect::InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
     let name = info.model.as_deref().ok_or(GatewayError::MissingModel)?;
     let session = headers
         .get(SESSION_HEADER)
@@ -95,15 +98,21 @@ pub fn decide(
         .then(|| proxy::rewrite_model(body, Some(&route.model)))
         .transpose()?;
     if let Some(m) = route.pool.config.upstream_model.as_deref() {
-        new_body = Some(proxy::rewrite_model(new_body.as_ref().unwrap_or(body), Some(m))?);
+        new_body = Some(proxy::rewrite_model(
+            new_body.as_ref().unwrap_or(body),
+            Some(m),
+        )?);
     }
     let policy = headers
         .get(POLICY_HEADER)
         .and_then(|v| v.to_str().ok())
         .and_then(|n| route.override_policy(n))
         .unwrap_or(&*route.policy);
-    let rreq = RouteRequest::new(&info, headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()))
-        .with_residency(residency);
+    let rreq = RouteRequest::new(
+        &info,
+        headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()),
+    )
+    .with_residency(residency);
     let (decision, picked) = pick(&route, policy, &rreq, fallbacks)?;
     route
         .pool
@@ -159,7 +168,9 @@ fn pick(
     let mut picked: SmallVec<[usize; 4]> = SmallVec::new();
     picked.push(decision.index);
     while picked.len() <= fallbacks {
-        let next = policy.pick(rreq, &route.workers, &|i| eligible(i) && !picked.contains(&i));
+        let next = policy.pick(rreq, &route.workers, &|i| {
+            eligible(i) && !picked.contains(&i)
+        });
         match next {
             Some(d) => picked.push(d.index),
             None => break,

@@ -216,7 +216,13 @@ pub fn metadata_str<'a>(
     namespace: &str,
     key: &str,
 ) -> Option<&'a str> {
-    match filter_metadata.get(namespace)?.fields.get(key)?.kind.as_ref()? {
+    match filter_metadata
+        .get(namespace)?
+        .fields
+        .get(key)?
+        .kind
+        .as_ref()?
+    {
         Kind::StringValue(s) => Some(s),
         _ => None,
     }

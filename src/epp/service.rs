@@ -51,9 +51,11 @@ impl ExternalProcessor for Picker {
                 }
             }
         });
-        let answers = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|a| (a, rx))
-        });
+        let answers =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|a| (a, rx)) },
+            );
         Ok(Response::new(Box::pin(answers)))
     }
 }

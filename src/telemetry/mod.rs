@@ -42,8 +42,7 @@ pub const OVERHEAD_BUCKETS: &[f64] = &[
 
 /// Endpoint Picker decision buckets (seconds): 5 µs to 50 ms.
 pub const EPP_DECISION_BUCKETS: &[f64] = &[
-    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-    0.05,
+    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
 ];
 
 /// Install the process-wide Prometheus recorder (idempotent) and return its handle.
