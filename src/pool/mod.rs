@@ -6,6 +6,7 @@ pub mod admission;
 mod discovery;
 mod dns;
 pub mod health;
+mod inference_pool;
 pub mod k8s;
 mod registry;
 pub mod stats;
