@@ -385,7 +385,7 @@ fn inference_pool(name: &str, app: &str, port: u16) -> Value {
         "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}")},
         "spec": {"selector": {"matchLabels": {"app": app}},
                  "targetPorts": [{"number": port}],
-                 "endpointPickerRef": {"name": "switchyard-epp", "portNumber": 9002}}
+                 "endpointPickerRef": {"name": "switchyard-epp", "port": {"number": 9002}}}
     })
 }
 
