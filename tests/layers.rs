@@ -20,7 +20,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("server", 6),
     ("cli", 7),
     ("demo", 7),
-    ("epp", 7),
+    ("epp", 8),
 ];
 
 /// Edges that still point up, to be removed by the request-path redesign. The
