@@ -424,3 +424,44 @@ async fn a_request_without_a_body_goes_to_an_available_worker() {
     let dest = destination(&h).expect("a destination");
     assert!(sims.iter().any(|x| authority(&x.url()) == dest), "{dest}");
 }
+
+#[tokio::test]
+async fn grpc_health_reports_liveness_and_readiness() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    let sims = sims(1, 8.0).await;
+    let epp = epp(&urls(&sims), 0, "").await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", epp.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .expect("grpc connects");
+    let mut client = HealthClient::new(channel);
+    for service in [
+        "liveness",
+        "readiness",
+        "",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ] {
+        let c = client.clone();
+        support::eventually(Duration::from_secs(10), service, || {
+            let mut c = c.clone();
+            async move {
+                let r = c
+                    .check(HealthCheckRequest {
+                        service: service.into(),
+                    })
+                    .await
+                    .ok()?;
+                (r.into_inner().status == ServingStatus::Serving as i32).then_some(())
+            }
+        })
+        .await;
+    }
+    let unknown = client
+        .check(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await;
+    assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
+}

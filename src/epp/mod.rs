@@ -9,9 +9,11 @@
 //! records TTFT, inter-token gaps and tokens.
 //!
 //! `exchange.rs` holds the per-stream state machine, `pick.rs` the decision,
-//! `reply.rs` the protobuf answers, `service.rs` the tonic service.
+//! `reply.rs` the protobuf answers, `service.rs` the tonic service, `health.rs`
+//! the gRPC health service.
 
 mod exchange;
+mod health;
 pub mod pick;
 pub mod reply;
 mod service;
@@ -97,10 +99,12 @@ pub async fn start(
             fallbacks: args.fallbacks,
         }),
     };
+    let health = health::service(gw.clone());
     let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     tokio::spawn(async move {
         let r = tonic::transport::Server::builder()
             .add_service(ExternalProcessorServer::new(picker))
+            .add_service(health)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await;
         if let Err(e) = r {
