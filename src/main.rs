@@ -1,5 +1,5 @@
-//! The `switchyard` binary: `serve`, `sim`, `demo`, `check-config`, `health`,
-//! `completions`.
+//! The `switchyard` binary: `serve`, `epp`, `sim`, `demo`, `check-config`,
+//! `health`, `completions`, `tokenize`.
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::path::PathBuf;
@@ -39,6 +39,9 @@ enum Command {
     },
     /// Run simulated vLLM/SGLang engines.
     Sim(Box<switchyard::sim::SimArgs>),
+    /// Endpoint Picker for Envoy-based gateways: the ext_proc gRPC service that
+    /// tells the data plane which worker serves each request.
+    Epp(switchyard::epp::EppArgs),
     /// Simulated workers and a gateway in one process, ready to try.
     Demo(switchyard::demo::DemoArgs),
     /// Probe a running gateway's health endpoint once; exit 0 on a 2xx answer
@@ -204,6 +207,7 @@ fn main() -> ExitCode {
         match cli.cmd {
             Command::Serve(a) => run_serve(a).await,
             Command::Sim(a) => switchyard::sim::run(*a).await,
+            Command::Epp(a) => switchyard::epp::run(a, shutdown_signal()).await,
             Command::Demo(a) => switchyard::demo::run(a, shutdown_signal()).await,
             Command::Tokenize(_) => unreachable!("handled before the runtime starts"),
             Command::CheckConfig { file, no_secrets } => {

@@ -359,3 +359,78 @@ async fn watch_errors_keep_the_last_known_set_and_recover() {
     .await;
     gw.shutdown().await;
 }
+
+/// A fake API server with pods and Gateway API Inference Extension
+/// `InferencePool`s (each kind its own store, served by the same handler).
+async fn fake_api_with_pools() -> (Arc<Fake>, Arc<Fake>, String) {
+    let (pods_fake, pools_fake) = (Fake::new(), Fake::new());
+    let app = axum::Router::new()
+        .route(
+            "/api/v1/namespaces/{ns}/pods",
+            axum::routing::get(pods).with_state(pods_fake.clone()),
+        )
+        .route(
+            "/apis/inference.networking.k8s.io/v1/namespaces/{ns}/inferencepools",
+            axum::routing::get(pods).with_state(pools_fake.clone()),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (pods_fake, pools_fake, url)
+}
+
+fn inference_pool(name: &str, app: &str, port: u16) -> Value {
+    json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}")},
+        "spec": {"selector": {"matchLabels": {"app": app}},
+                 "targetPorts": [{"number": port}],
+                 "endpointPickerRef": {"name": "switchyard-epp", "port": {"number": 9002}}}
+    })
+}
+
+/// An `InferencePool` names the pods (its selector) and their port (its target
+/// port): Ready pods it selects become workers on that port; a changed pool moves
+/// the workers; a deleted one empties the pool. Another InferencePool in the
+/// namespace changes nothing.
+#[tokio::test]
+async fn an_inference_pool_selects_the_pods_and_their_port() {
+    let s = sims(2, 20.0).await;
+    let model = sim_model();
+    let (pods_fake, pools_fake, api) = fake_api_with_pools().await;
+    let (a, b) = (s[0].addr().port(), s[1].addr().port());
+    // Pods without port annotations: the port comes from the InferencePool.
+    let mut blue = pod("blue", 0, true, "eu");
+    blue["metadata"]["labels"]["app"] = json!("blue");
+    blue["metadata"]["annotations"] = json!({});
+    let mut green = blue.clone();
+    green["metadata"]["name"] = json!("green");
+    green["metadata"]["uid"] = json!("uid-green");
+    green["metadata"]["labels"]["app"] = json!("green");
+    pods_fake.put(blue);
+    pods_fake.put(green);
+    pools_fake.put(inference_pool("other", "green", b));
+    pools_fake.put(inference_pool("llm", "blue", a));
+    let toml = format!(
+        "[[pools]]\nname = \"k\"\nmodels = [\"{model}\"]\n[pools.kubernetes]\nnamespace = \"{NS}\"\ninference_pool = \"llm\"\napi_url = \"{api}\"\n"
+    );
+    let gw = gateway(&toml).await;
+    wait_for_urls(&gw, &[s[0].url()], "the pool's pods on its target port").await;
+    for _ in 0..3 {
+        assert_eq!(chat_status(&gw.url(), &model).await, 200);
+    }
+    assert_eq!(s[0].requests_received(), 3);
+
+    pools_fake.put(inference_pool("llm", "green", b));
+    wait_for_urls(&gw, &[s[1].url()], "the changed selector and port").await;
+    assert!(pods_fake
+        .selectors
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|sel| sel == "app=green"));
+
+    pools_fake.delete("llm");
+    wait_for_urls(&gw, &[], "a deleted InferencePool empties the pool").await;
+    gw.shutdown().await;
+}

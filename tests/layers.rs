@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("server", 7),
     ("cli", 8),
     ("demo", 8),
+    ("epp", 9),
 ];
 
 /// Edges that still point up, to be removed by the request-path redesign. The

@@ -497,6 +497,9 @@ pub struct KubernetesConfig {
     pub label_map: BTreeMap<String, String>,
     /// `None`: `kube::Config::infer()` (in-cluster service account, then kubeconfig).
     pub api_url: Option<String>,
+    /// An `InferencePool` whose selector and target port are watched and used
+    /// instead of `label_selector` and `port` (`port_annotation` still wins).
+    pub inference_pool: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -1344,9 +1347,15 @@ fn validate_kubernetes(k: RawKubernetes, key: &Key, p: &mut Problems) -> Kuberne
     if k.port == Some(0) {
         p.push(format!("{}: must be greater than 0", key.field("port")));
     }
-    if k.port.is_none() && k.port_annotation.is_none() {
+    if k.port.is_none() && k.port_annotation.is_none() && k.inference_pool.is_none() {
         p.push(format!(
-            "{key}: set `port`, `port_annotation`, or both (the annotation wins when present)"
+            "{key}: set `port`, `port_annotation`, or both (the annotation wins when present), or `inference_pool`"
+        ));
+    }
+    if k.inference_pool.as_deref() == Some("") {
+        p.push(format!(
+            "{}: must not be empty",
+            key.field("inference_pool")
         ));
     }
     if k.port_annotation.as_deref() == Some("") {
@@ -1375,6 +1384,7 @@ fn validate_kubernetes(k: RawKubernetes, key: &Key, p: &mut Problems) -> Kuberne
         port_annotation: k.port_annotation,
         label_map: k.label_map,
         api_url,
+        inference_pool: k.inference_pool,
     }
 }
 
@@ -2045,6 +2055,25 @@ mod tests {
                 .unwrap_err()
                 .to_string();
         assert!(e.contains("prot"), "{e}");
+        let e = check(
+            "[[pools]]\nmodels = [\"m\"]\n[pools.kubernetes]\nnamespace = \"n\"\ninference_pool = \"\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("pools[0].kubernetes.inference_pool: must not be empty"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_inference_pool_stands_in_for_the_port() {
+        let c = check(
+            "[[pools]]\nmodels = [\"m\"]\n[pools.kubernetes]\nnamespace = \"n\"\ninference_pool = \"llama\"\n",
+        )
+        .unwrap();
+        let k = c.pools[0].kubernetes.as_ref().unwrap();
+        assert_eq!(k.inference_pool.as_deref(), Some("llama"));
     }
 
     #[test]

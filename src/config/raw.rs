@@ -259,6 +259,9 @@ pub struct RawKubernetes {
     pub label_map: BTreeMap<String, String>,
     /// API server URL (tests, out-of-cluster); default: in-cluster or kubeconfig.
     pub api_url: Option<String>,
+    /// Name of a Gateway API Inference Extension `InferencePool` in `namespace`:
+    /// its selector and target port replace `label_selector` and `port`.
+    pub inference_pool: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

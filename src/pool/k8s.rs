@@ -23,8 +23,8 @@ pub const SOURCE: &str = "k8s";
 /// How often the supervisor looks for added, changed or removed sections.
 const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 /// Retry delays after a watch error: doubles from the first to the last, reset on success.
-const BACKOFF_FIRST: Duration = Duration::from_millis(200);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(super) const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Start the supervisor. It holds the registry weakly and stops with it.
 pub fn spawn_k8s_discovery(registry: &Arc<Registry>) {
@@ -75,18 +75,40 @@ async fn client(cfg: &KubernetesConfig) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(kc)?)
 }
 
-/// One pool's watcher: runs until aborted by the supervisor or the registry is gone.
+/// One pool's watcher: runs until aborted by the supervisor or the registry is
+/// gone. With an `inference_pool`, the pool's selector and port come from it.
 async fn watch_pool(registry: Weak<Registry>, pool: String, cfg: KubernetesConfig) {
+    let client = connect(&pool, &cfg).await;
+    match cfg.inference_pool.clone() {
+        Some(name) => {
+            super::inference_pool::watch(registry, pool, cfg, client, name).await;
+        }
+        None => watch_pods(registry, pool, cfg, client).await,
+    }
+}
+
+/// A client for `cfg`'s API server, retried with backoff until it can be built.
+async fn connect(pool: &str, cfg: &KubernetesConfig) -> kube::Client {
     let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
-    let client = loop {
-        match client(&cfg).await {
-            Ok(c) => break c,
+    loop {
+        match client(cfg).await {
+            Ok(c) => return c,
             Err(e) => {
                 tracing::warn!(pool = %pool, error = %e, "kubernetes client setup failed");
                 tokio::time::sleep(backoff.next_delay()).await;
             }
         }
-    };
+    }
+}
+
+/// Watch the pods `cfg` selects and hand the Ready ones to the registry.
+pub(super) async fn watch_pods(
+    registry: Weak<Registry>,
+    pool: String,
+    cfg: KubernetesConfig,
+    client: kube::Client,
+) {
+    let mut backoff = Backoff::new(BACKOFF_FIRST, BACKOFF_MAX);
     let api: kube::Api<Pod> = kube::Api::namespaced(client, &cfg.namespace);
     let mut wc = watcher::Config::default();
     if let Some(sel) = &cfg.label_selector {
@@ -226,14 +248,14 @@ impl PodSet {
 }
 
 /// Exponential backoff with full doubling and a cap; pure, so tests need no clock.
-struct Backoff {
+pub(super) struct Backoff {
     first: Duration,
     max: Duration,
     next: Duration,
 }
 
 impl Backoff {
-    fn new(first: Duration, max: Duration) -> Backoff {
+    pub(super) fn new(first: Duration, max: Duration) -> Backoff {
         Backoff {
             first,
             max,
@@ -241,13 +263,13 @@ impl Backoff {
         }
     }
 
-    fn next_delay(&mut self) -> Duration {
+    pub(super) fn next_delay(&mut self) -> Duration {
         let d = self.next;
         self.next = (self.next * 2).min(self.max);
         d
     }
 
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.next = self.first;
     }
 }
@@ -272,6 +294,7 @@ mod tests {
             ]
             .into(),
             api_url: None,
+            inference_pool: None,
         }
     }
 

@@ -8,6 +8,7 @@ mod dns;
 pub mod fleet;
 pub mod gauges;
 pub mod health;
+mod inference_pool;
 pub mod k8s;
 mod registry;
 pub mod scaling;

@@ -150,6 +150,21 @@ struct Observer {
 }
 
 impl Observer {
+    fn new(p: ObserveParams) -> Observer {
+        Observer {
+            p,
+            first_content: None,
+            last_content: None,
+            content_events: 0,
+            itl_sum: Duration::ZERO,
+            response_bytes: 0,
+            usage: None,
+            line: Vec::new(),
+            tail: Tail::default(),
+            outcome: None,
+        }
+    }
+
     fn on_data(&mut self, chunk: &Bytes, now: Instant) {
         self.response_bytes += chunk.len() as u64;
         if !self.p.sse {
@@ -326,6 +341,28 @@ impl Drop for Observer {
     }
 }
 
+/// The observer without a body of its own: whoever sees the response's bytes
+/// (the Endpoint Picker, which gets them as ext_proc messages) feeds it. Records
+/// the same metrics as an [`ObservedBody`], once, when finished or dropped.
+pub struct ResponseObserver(Observer);
+
+impl ResponseObserver {
+    pub fn new(p: ObserveParams) -> ResponseObserver {
+        ResponseObserver(Observer::new(p))
+    }
+
+    /// A chunk of the response body as it passes.
+    pub fn on_data(&mut self, chunk: &Bytes) {
+        self.0.on_data(chunk, crate::runtime::clock::now());
+    }
+
+    /// The body ended normally (dropping it unfinished counts as cancelled).
+    pub fn finish(mut self) {
+        self.0.on_end();
+        self.0.outcome = Some(Outcome::Completed);
+    }
+}
+
 enum Phase {
     Streaming,
     /// The upstream failed; the error event (if SSE) is still to be sent.
@@ -350,18 +387,7 @@ impl<B> ObservedBody<B> {
             inner,
             timer: None,
             last_activity: crate::runtime::clock::now(),
-            obs: Observer {
-                p,
-                first_content: None,
-                last_content: None,
-                content_events: 0,
-                itl_sum: Duration::ZERO,
-                response_bytes: 0,
-                usage: None,
-                line: Vec::new(),
-                tail: Tail::default(),
-                outcome: None,
-            },
+            obs: Observer::new(p),
             phase: Phase::Streaming,
         }
     }

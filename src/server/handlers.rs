@@ -671,11 +671,16 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
     }
 }
 
-/// `GET /metrics`: Prometheus text.
-pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+/// The exposition text: scrape-time gauges refreshed, then every family.
+pub fn metrics_text(gw: &Gateway) -> String {
     crate::pool::gauges::refresh(&gw.registry.snapshot());
     gw.fleet.refresh_gauges();
-    let text = telemetry::render(&gw.metrics, Some(&gw.sinks));
+    telemetry::render(&gw.metrics, Some(&gw.sinks))
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
+    let text = metrics_text(&gw);
     (
         [(
             header::CONTENT_TYPE,

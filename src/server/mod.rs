@@ -5,6 +5,7 @@ pub mod admin;
 mod conn;
 pub mod dashboard;
 mod handlers;
+pub use handlers::metrics_text;
 mod models;
 mod reload;
 mod request_id;

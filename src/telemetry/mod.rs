@@ -40,11 +40,23 @@ pub const OVERHEAD_BUCKETS: &[f64] = &[
     0.1,
 ];
 
+/// Endpoint Picker decision buckets (seconds): 5 µs to 50 ms.
+pub const EPP_DECISION_BUCKETS: &[f64] = &[
+    0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05,
+];
+
 /// Install the process-wide Prometheus recorder (idempotent) and return its handle.
 pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
+            // A full-name matcher wins over a suffix one (the exporter tries them
+            // in that order): the picker's decisions take microseconds.
             let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(names::EPP_DECISION_SECONDS.into()),
+                    EPP_DECISION_BUCKETS,
+                )
+                .expect("static buckets are valid")
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
                 .expect("static buckets are valid")
                 .build_recorder();

@@ -1,7 +1,7 @@
 //! Every metric name, label key and help text, in one place. Tests and docs import
 //! these rather than retyping strings.
 
-use metrics::{describe_counter, describe_gauge, Unit};
+use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
 
 pub const REQUESTS_TOTAL: &str = "switchyard_requests_total";
 pub const TTFT_SECONDS: &str = "switchyard_ttft_seconds";
@@ -97,6 +97,11 @@ pub const TRACE_SPANS_DROPPED_TOTAL: &str = "switchyard_trace_spans_dropped_tota
 pub const TRACE_EXPORTS_TOTAL: &str = "switchyard_trace_exports_total";
 pub const LABEL_OVERFLOW_TOTAL: &str = "switchyard_label_overflow_total";
 
+// ---- Endpoint Picker mode (`switchyard epp`) ----
+pub const EPP_DECISIONS_TOTAL: &str = "switchyard_epp_decisions_total";
+pub const EPP_DECISION_SECONDS: &str = "switchyard_epp_decision_seconds";
+pub const EPP_STREAMS_TOTAL: &str = "switchyard_epp_streams_total";
+
 pub const L_REGION: &str = "region";
 pub const L_TENANT: &str = "tenant";
 pub const L_CLASS: &str = "class";
@@ -162,6 +167,7 @@ pub fn describe() {
     describe_observability();
     describe_routing();
     describe_tokenize();
+    describe_epp();
     describe_counter!(
         LAST_RESORT_RETRIES_TOTAL,
         "Retries sent to an already-tried or cooling-down worker because no untried available worker was left."
@@ -225,6 +231,23 @@ fn describe_kv_events() {
     describe_gauge!(
         KV_WORKER_STATE,
         "A worker's standing in the precise index: 0 absent, 1 syncing, 2 live, 3 refused."
+    );
+}
+
+/// Help text for the Endpoint Picker's own metrics.
+fn describe_epp() {
+    describe_counter!(
+        EPP_DECISIONS_TOTAL,
+        "Endpoint Picker decisions by result (picked, or the error reason) and status."
+    );
+    describe_histogram!(
+        EPP_DECISION_SECONDS,
+        Unit::Seconds,
+        "Endpoint Picker decision time: body inspected, model resolved, worker and fallbacks picked."
+    );
+    describe_counter!(
+        EPP_STREAMS_TOTAL,
+        "ext_proc streams by the request body mode Envoy announced (buffered, streamed, full_duplex_streamed, none)."
     );
 }
 

@@ -1,0 +1,467 @@
+//! One ext_proc stream is one HTTP request: a state machine fed each
+//! `ProcessingRequest` that returns the `ProcessingResponse`s now due. It keeps
+//! the request body until it is complete (the model is in it), then decides and
+//! answers in the order the body mode requires:
+//!
+//! - `BUFFERED`: headers pass at once; the whole body arrives in one message,
+//!   whose answer carries the destination header and metadata.
+//! - `STREAMED`: headers pass with a `mode_override` to `BUFFERED` (honoured when
+//!   the filter allows overrides); if chunks still stream, each passes and the
+//!   last one's answer carries the route.
+//! - `FULL_DUPLEX_STREAMED`: nothing is answered until the body (or trailers)
+//!   completes; then the headers answer (with the route), then the body, sent
+//!   back as one streamed chunk.
+//!
+//! On the response path the bytes feed the proxy's response observer, so TTFT,
+//! inter-token gaps, tokens and usage are recorded as in proxy mode.
+
+use super::pick::{self, Choice};
+use super::reply::{self, Route, Side};
+use crate::api::Endpoint;
+use crate::pool::{InFlightGuard, ModelRoute};
+use crate::proxy::observe::{ObserveParams, ResponseObserver};
+use crate::proxy::GatewayError;
+use crate::proxy::RequestTags;
+use crate::routing::{request_residency, RESIDENCY_HEADER};
+use crate::server::Gateway;
+use crate::telemetry::trace::TraceContext;
+use crate::telemetry::{self, names};
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::config::core::v3::HeaderMap as PbHeaders;
+use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request, HttpHeaders, ProcessingRequest, ProcessingResponse,
+    ProtocolConfiguration,
+};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use metrics::{counter, histogram};
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// What every stream of one picker shares.
+pub struct Shared {
+    pub gw: Arc<Gateway>,
+    /// Fallback endpoints listed after the pick.
+    pub fallbacks: usize,
+}
+
+/// How the data plane sends a body to the picker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyMode {
+    None,
+    Streamed,
+    Buffered,
+    FullDuplex,
+}
+
+impl BodyMode {
+    fn from_proto(v: i32) -> BodyMode {
+        match BodySendMode::try_from(v) {
+            Ok(BodySendMode::Streamed) => BodyMode::Streamed,
+            Ok(BodySendMode::Buffered | BodySendMode::BufferedPartial) => BodyMode::Buffered,
+            Ok(BodySendMode::FullDuplexStreamed) => BodyMode::FullDuplex,
+            _ => BodyMode::None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyMode::None => "none",
+            BodyMode::Streamed => "streamed",
+            BodyMode::Buffered => "buffered",
+            BodyMode::FullDuplex => "full_duplex_streamed",
+        }
+    }
+}
+
+/// The request's route once decided: what the response observer needs.
+struct Routed {
+    route: Arc<ModelRoute>,
+    /// Index of the picked worker in `route.workers`.
+    index: usize,
+    policy: &'static str,
+    reason: &'static str,
+    predicted: Option<u64>,
+    /// The picked worker counts the request in flight until the response ends.
+    guard: InFlightGuard,
+    tags: Arc<RequestTags>,
+}
+
+/// One request's exchange with the data plane.
+pub struct Exchange {
+    shared: Arc<Shared>,
+    start: Instant,
+    request_mode: BodyMode,
+    response_mode: BodyMode,
+    path: String,
+    headers: HeaderMap,
+    body: BytesMut,
+    routed: Option<Routed>,
+    observer: Option<ResponseObserver>,
+    /// An immediate response was sent: the data plane answers the client itself.
+    closed: bool,
+}
+
+impl Exchange {
+    /// A new exchange; without a protocol configuration from the data plane the
+    /// body is taken to come buffered.
+    pub fn new(shared: Arc<Shared>) -> Exchange {
+        Exchange {
+            shared,
+            start: crate::runtime::clock::now(),
+            request_mode: BodyMode::Buffered,
+            response_mode: BodyMode::None,
+            path: String::new(),
+            headers: HeaderMap::new(),
+            body: BytesMut::new(),
+            routed: None,
+            observer: None,
+            closed: false,
+        }
+    }
+
+    /// Whether an immediate response ended the exchange.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Feed one message; returns the answers due now, in order.
+    pub fn on_message(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+        if self.closed {
+            return Vec::new();
+        }
+        let out = match msg.request {
+            Some(Request::RequestHeaders(h)) => self.on_request_headers(h, msg.protocol_config),
+            Some(Request::RequestBody(b)) => self.on_request_body(b.body, b.end_of_stream),
+            Some(Request::RequestTrailers(_)) => self.on_request_trailers(),
+            Some(Request::ResponseHeaders(h)) => {
+                self.on_response_headers(&h, msg.metadata_context.as_ref())
+            }
+            Some(Request::ResponseBody(b)) => self.on_response_body(b.body, b.end_of_stream),
+            Some(Request::ResponseTrailers(_)) => {
+                self.finish_response();
+                vec![reply::continue_trailers(Side::Response)]
+            }
+            None => Vec::new(),
+        };
+        // Observability mode: the data plane expects no answers.
+        if msg.observability_mode {
+            Vec::new()
+        } else {
+            out
+        }
+    }
+
+    fn on_request_headers(
+        &mut self,
+        h: HttpHeaders,
+        protocol: Option<ProtocolConfiguration>,
+    ) -> Vec<ProcessingResponse> {
+        if let Some(p) = protocol {
+            self.request_mode = BodyMode::from_proto(p.request_body_mode);
+            self.response_mode = BodyMode::from_proto(p.response_body_mode);
+        }
+        counter!(names::EPP_STREAMS_TOTAL, names::L_MODE => self.request_mode.as_str())
+            .increment(1);
+        let (path, headers) = convert_headers(h.headers.as_ref());
+        self.path = path;
+        self.headers = headers;
+        if h.end_of_stream || self.request_mode == BodyMode::None {
+            return self.route_by_path();
+        }
+        match self.request_mode {
+            BodyMode::FullDuplex => Vec::new(),
+            BodyMode::Streamed => vec![reply::continue_headers_buffer_body(
+                match self.response_mode {
+                    BodyMode::FullDuplex => BodySendMode::FullDuplexStreamed as i32,
+                    BodyMode::Buffered => BodySendMode::Buffered as i32,
+                    BodyMode::Streamed => BodySendMode::Streamed as i32,
+                    BodyMode::None => BodySendMode::None as i32,
+                },
+            )],
+            _ => vec![reply::continue_headers(Side::Request)],
+        }
+    }
+
+    /// No body to route on: the worker the request's path hashes to.
+    fn route_by_path(&mut self) -> Vec<ProcessingResponse> {
+        let snap = self.shared.gw.registry.snapshot();
+        match pick::by_path(&snap, &self.path) {
+            Some(w) => {
+                let ep = pick::endpoint(&w);
+                let route = Route {
+                    endpoints: &ep,
+                    new_body_len: None,
+                };
+                vec![route.on_headers()]
+            }
+            None => self.refuse(&GatewayError::NoHealthyWorker("any".into())),
+        }
+    }
+
+    fn on_request_body(&mut self, chunk: Vec<u8>, end: bool) -> Vec<ProcessingResponse> {
+        if self.routed.is_some() {
+            return self.pass_request_body(chunk, end);
+        }
+        let max = self.shared.gw.registry.config().server.max_body_bytes;
+        if self.body.len() + chunk.len() > max {
+            return self.refuse(&GatewayError::BodyTooLarge(max));
+        }
+        self.body.extend_from_slice(&chunk);
+        match (self.request_mode, end) {
+            (BodyMode::FullDuplex, false) => Vec::new(),
+            (BodyMode::Streamed, false) => vec![reply::continue_body(Side::Request)],
+            _ => self.route_body(end),
+        }
+    }
+
+    /// The body is complete (`end`: with its last chunk; else trailers follow):
+    /// decide, then answer as the mode requires.
+    fn route_body(&mut self, end: bool) -> Vec<ProcessingResponse> {
+        let body = self.body.split().freeze();
+        let (endpoints, new_body) = match self.decide(&body) {
+            Ok(c) => (c.endpoints(), c.body),
+            Err(e) => return self.refuse(&e),
+        };
+        let route = Route {
+            endpoints: &endpoints,
+            new_body_len: new_body.as_ref().map(Bytes::len),
+        };
+        if self.request_mode == BodyMode::FullDuplex {
+            let out = new_body.unwrap_or(body);
+            vec![
+                route.on_headers(),
+                reply::streamed_body(Side::Request, Vec::from(out), end),
+            ]
+        } else {
+            vec![route.on_body(new_body)]
+        }
+    }
+
+    /// A request body chunk after the decision (a streamed body whose mode
+    /// override was not honoured): it passes.
+    fn pass_request_body(&mut self, chunk: Vec<u8>, end: bool) -> Vec<ProcessingResponse> {
+        if self.request_mode == BodyMode::FullDuplex {
+            vec![reply::streamed_body(Side::Request, chunk, end)]
+        } else {
+            vec![reply::continue_body(Side::Request)]
+        }
+    }
+
+    fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
+        let mut out = Vec::new();
+        if self.routed.is_none() && self.request_mode == BodyMode::FullDuplex {
+            out = self.route_body(false);
+            if self.closed {
+                return out;
+            }
+        }
+        out.push(reply::continue_trailers(Side::Request));
+        out
+    }
+
+    /// Phase: decide. Tenant and residency as in proxy mode, then the pick,
+    /// timed; the picked worker counts the request in flight from here.
+    fn decide(&mut self, body: &Bytes) -> Result<Choice, GatewayError> {
+        let gw = &self.shared.gw;
+        let snap = gw.registry.snapshot();
+        let tenant = gw
+            .tenancy
+            .load()
+            .resolve(&self.headers)
+            .map_err(|_| GatewayError::TenantNeedsKey)?;
+        let residency = request_residency(
+            &snap.config.global,
+            tenant.residency.as_ref(),
+            self.headers
+                .get(RESIDENCY_HEADER)
+                .map(|v| v.to_str().unwrap_or("\u{fffd}")),
+        )
+        .map_err(|value| GatewayError::InvalidResidency {
+            value,
+            known: "see the gateway's configuration".into(),
+        })?;
+        let t = crate::runtime::clock::now();
+        let choice = pick::decide(
+            &snap,
+            &self.headers,
+            body,
+            residency.as_ref(),
+            self.shared.fallbacks,
+        )?;
+        histogram!(names::EPP_DECISION_SECONDS).record(t.elapsed().as_secs_f64());
+        counter!(names::EPP_DECISIONS_TOTAL, names::L_RESULT => "picked", names::L_STATUS => "200")
+            .increment(1);
+        let sample = snap
+            .config
+            .observability
+            .tracing
+            .as_ref()
+            .map(|t| t.sample_ratio);
+        let trace = TraceContext::from_headers(&self.headers, sample);
+        let mut tags = RequestTags::new(
+            &gw.sinks,
+            snap.config.clone(),
+            self.request_id(),
+            tenant,
+            trace,
+        );
+        tags.pool = Some(choice.route.pool.metrics.name.clone());
+        tags.request_bytes = body.len() as u64;
+        tags.stream = choice.info.stream;
+        let index = choice.picked[0];
+        let guard = choice.route.workers[index].begin(None, choice.size());
+        self.routed = Some(Routed {
+            route: choice.route.clone(),
+            index,
+            policy: choice.policy,
+            reason: choice.decision.reason.as_str(),
+            predicted: choice.predicted,
+            guard,
+            tags: Arc::new(tags),
+        });
+        Ok(choice)
+    }
+
+    fn request_id(&self) -> HeaderValue {
+        self.headers
+            .get(crate::proxy::REQUEST_ID_HEADER)
+            .cloned()
+            .unwrap_or_else(|| {
+                HeaderValue::from_str(&uuid::Uuid::new_v4().to_string())
+                    .expect("a uuid is a valid header value")
+            })
+    }
+
+    /// Answer the client with `e` (through the data plane) and stop.
+    fn refuse(&mut self, e: &GatewayError) -> Vec<ProcessingResponse> {
+        let status = e.status().as_u16();
+        counter!(names::EPP_DECISIONS_TOTAL, names::L_RESULT => e.reason(), names::L_STATUS => telemetry::status_label(status))
+            .increment(1);
+        telemetry::record_gateway_error(None, e.reason(), status);
+        tracing::debug!(path = %self.path, reason = e.reason(), "picker refused the request");
+        self.closed = true;
+        vec![reply::immediate(e)]
+    }
+
+    fn on_response_headers(
+        &mut self,
+        h: &HttpHeaders,
+        metadata: Option<&Metadata>,
+    ) -> Vec<ProcessingResponse> {
+        let status = header_value(h.headers.as_ref(), ":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .unwrap_or(0);
+        let sse = header_value(h.headers.as_ref(), "content-type")
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let served = metadata.and_then(|m| {
+            reply::metadata_str(&m.filter_metadata, reply::LB_NAMESPACE, reply::SERVED)
+        });
+        if let Some(r) = self.routed.take() {
+            self.observer = Some(self.observe(r, status, sse, served));
+        }
+        if h.end_of_stream {
+            self.finish_response();
+        }
+        vec![reply::continue_headers(Side::Response)]
+    }
+
+    /// The response observer for the worker that served: the pick, or the
+    /// fallback the data plane reports it used (which then counts in flight).
+    fn observe(
+        &self,
+        mut r: Routed,
+        status: u16,
+        sse: bool,
+        served: Option<&str>,
+    ) -> ResponseObserver {
+        if let Some(ep) = served.and_then(|s| s.split(',').next()) {
+            let pos = r.route.workers.iter().position(|w| pick::endpoint(w) == ep);
+            if let Some(i) = pos.filter(|&i| i != r.index) {
+                r.guard = r.route.workers[i].begin(None, Default::default());
+                r.index = i;
+            }
+        }
+        let worker = &r.route.workers[r.index];
+        let route = r.tags.route(
+            &r.route.pool.metrics.name,
+            worker,
+            r.policy,
+            r.reason,
+            r.predicted,
+            false,
+        );
+        let server = &r.tags.config.server;
+        ResponseObserver::new(ObserveParams {
+            start: self.start,
+            metrics: r.route.metrics[r.index].clone(),
+            endpoint: Endpoint::from_path(&self.path).index(),
+            status,
+            sse,
+            idle: server.timeouts.idle,
+            deadline: self.start + server.timeouts.total,
+            guard: r.guard,
+            tags: r.tags.clone(),
+            route,
+            // The picker does not hold the upstream connection: Envoy does.
+            cancel: None,
+            anthropic_errors: false,
+        })
+    }
+
+    fn on_response_body(&mut self, chunk: Vec<u8>, end: bool) -> Vec<ProcessingResponse> {
+        let chunk = Bytes::from(chunk);
+        if let Some(o) = self.observer.as_mut() {
+            o.on_data(&chunk);
+        }
+        if end {
+            self.finish_response();
+        }
+        if self.response_mode == BodyMode::FullDuplex {
+            vec![reply::streamed_body(Side::Response, Vec::from(chunk), end)]
+        } else {
+            vec![reply::continue_body(Side::Response)]
+        }
+    }
+
+    fn finish_response(&mut self) {
+        if let Some(o) = self.observer.take() {
+            o.finish();
+        }
+    }
+}
+
+/// The request's `:path` and its regular headers (values as raw bytes; pseudo
+/// and malformed headers left out).
+fn convert_headers(h: Option<&PbHeaders>) -> (String, HeaderMap) {
+    let mut path = String::new();
+    let mut out = HeaderMap::new();
+    for hv in h.map(|h| h.headers.as_slice()).unwrap_or_default() {
+        let raw = raw(hv);
+        if hv.key == ":path" {
+            path = String::from_utf8_lossy(raw).into_owned();
+            continue;
+        }
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(hv.key.as_bytes()),
+            HeaderValue::from_bytes(raw),
+        ) {
+            out.append(k, v);
+        }
+    }
+    (path, out)
+}
+
+fn raw(hv: &envoy_types::pb::envoy::config::core::v3::HeaderValue) -> &[u8] {
+    if hv.raw_value.is_empty() {
+        hv.value.as_bytes()
+    } else {
+        &hv.raw_value
+    }
+}
+
+fn header_value<'a>(h: Option<&'a PbHeaders>, key: &str) -> Option<&'a str> {
+    let hv = h?.headers.iter().find(|hv| hv.key == key)?;
+    std::str::from_utf8(raw(hv)).ok()
+}
