@@ -8,6 +8,7 @@ mod handlers;
 mod reload;
 mod request_id;
 pub mod shards;
+mod tls;
 
 pub use reload::{spawn_reload_triggers, Reloader};
 
@@ -43,6 +44,8 @@ pub struct Gateway {
     pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
     shutting_down: AtomicBool,
     reloader: arc_swap::ArcSwapOption<Reloader>,
+    /// TLS of the client listener, when `server.tls` is set.
+    tls: Option<tls::Tls>,
 }
 
 impl Gateway {
@@ -60,6 +63,10 @@ impl Gateway {
             .filter_map(|p| p.upstream_ca_file.clone())
             .collect();
         let client = UpstreamClient::new(config.server.timeouts.connect, &ca_files)?;
+        let tls = match &config.server.tls {
+            Some(t) => Some(tls::Tls::new(t, "client")?),
+            None => None,
+        };
         let hub = telemetry::Hub::new(&config);
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
@@ -78,6 +85,7 @@ impl Gateway {
             tenancy,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
+            tls,
         }))
     }
 
@@ -107,6 +115,15 @@ impl Gateway {
                 tracing::error!(error = %e, "configuration reload rejected; keeping the current one");
                 Err(e.to_string())
             }
+        }
+    }
+
+    /// `https` when the client listener terminates TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
         }
     }
 
@@ -184,7 +201,7 @@ pub struct ServerHandle {
 
 impl ServerHandle {
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.gateway.scheme(), self.addr)
     }
 
     /// Graceful stop: readiness turns false, the listener closes, in-flight
@@ -254,6 +271,7 @@ pub(crate) async fn serve_internal(
     app: Router,
     cfg: crate::config::ServerConfig,
     cap: usize,
+    tls: Option<tls::Tls>,
 ) {
     use tower::ServiceExt;
     let builder = connection_builder(&cfg);
@@ -282,11 +300,23 @@ pub(crate) async fn serve_internal(
                 app.oneshot(req.map(axum::body::Body::new)).await
             }
         });
-        let io = TokioIo::new(Scanned::new(stream, state.clone()));
-        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
         let stop = stop.clone();
+        let (builder, tls) = (builder.clone(), tls.clone());
         tokio::spawn(async move {
-            conn::drive(conn, &state, timeouts, stop).await;
+            match tls {
+                Some(tls) => {
+                    if let Some(stream) = tls.accept(stream, timeouts.header).await {
+                        let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                        let conn = builder.serve_connection_with_upgrades(io, svc);
+                        conn::drive(conn, &state, timeouts, stop).await;
+                    }
+                }
+                None => {
+                    let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                    let conn = builder.serve_connection_with_upgrades(io, svc);
+                    conn::drive(conn, &state, timeouts, stop).await;
+                }
+            }
             drop(permit);
         });
     }
@@ -361,11 +391,24 @@ pub(crate) async fn serve_with_permits(
                     conn: state.clone(),
                     limits,
                 };
-                let io = TokioIo::new(Scanned::new(stream, state.clone()));
-                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
                 let stop = drain_rx.clone();
                 let open = gauge!(names::CONNECTIONS_OPEN);
                 open.increment(1.0);
+                if let Some(tls) = gw.tls.clone() {
+                    let builder = builder.clone();
+                    tokio::spawn(async move {
+                        if let Some(stream) = tls.accept(stream, timeouts.header).await {
+                            let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                            let conn = builder.serve_connection_with_upgrades(io, svc);
+                            conn::drive(conn, &state, timeouts, stop).await;
+                        }
+                        open.decrement(1.0);
+                        drop(permit);
+                    });
+                    continue;
+                }
+                let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
                 tokio::spawn(async move {
                     conn::drive(conn, &state, timeouts, stop).await;
                     open.decrement(1.0);
