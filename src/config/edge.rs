@@ -222,3 +222,52 @@ fn read_certs(
     }
     Ok(certs)
 }
+
+#[cfg(test)]
+mod tests {
+    const POOL: &str =
+        "[[pools]]\nmodels = [\"m\"]\nworkers = [{ url = \"http://127.0.0.1:9000\" }]\n";
+
+    fn problems(text: &str) -> String {
+        let text = format!("{text}\n{POOL}");
+        match crate::config::parse(&text).and_then(|r| r.validate()) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn tls_needs_both_files_readable_and_client_ca_only_on_admin() {
+        let e = problems("[server.tls]\ncert = \"/nonexistent/c.pem\"");
+        assert!(e.contains("server.tls.key: required"), "{e}");
+        let e = problems("[server.tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\"\nclient_ca = \"x\"");
+        assert!(
+            e.contains(
+                "server.tls.client_ca: client certificates are checked on the admin listener only"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("server.tls: `/nonexistent/c.pem`"), "{e}");
+    }
+
+    #[test]
+    fn cors_origins_and_tokens_are_checked() {
+        let e = problems("[server.cors]\nallowed_origins = [\"app.example\", \"https://ok.example/\"]\nallowed_headers = [\"bad header\"]");
+        assert!(
+            e.contains("server.cors.allowed_origins[0]: `app.example` is not an origin"),
+            "{e}"
+        );
+        assert!(e.contains("server.cors.allowed_origins[1]"), "{e}");
+        assert!(e.contains("server.cors.allowed_headers[0]"), "{e}");
+        let c = crate::config::parse(&format!(
+            "[server.cors]\nallowed_origins = [\"https://App.example\"]\n{POOL}"
+        ))
+        .and_then(|r| r.validate())
+        .unwrap();
+        let cors = c.server.cors.unwrap();
+        assert_eq!(cors.origins, ["https://app.example"]);
+        assert!(cors.headers.contains("authorization") && cors.methods.contains("POST"));
+        assert!(problems("[server]\nmax_json_depth = 0").contains("server.max_json_depth"));
+        assert!(problems("[server]\nmax_json_depth = 500").contains("server.max_json_depth"));
+    }
+}

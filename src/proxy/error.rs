@@ -10,6 +10,10 @@ use std::time::Duration;
 pub enum GatewayError {
     #[error("We could not parse the JSON body of your request: {0}")]
     MalformedJson(String),
+    #[error("The JSON body nests deeper than the limit of {0} levels")]
+    JsonTooDeep(usize),
+    #[error("Header `{0}` is not valid UTF-8")]
+    InvalidHeader(&'static str),
     #[error("you must provide a model parameter")]
     MissingModel,
     #[error("The model `{0}` does not exist")]
@@ -67,6 +71,8 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_)
+            | JsonTooDeep(_)
+            | InvalidHeader(_)
             | MissingModel
             | BodyRead(_)
             | BadFraming(_)
@@ -91,6 +97,8 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_) => "malformed_json",
+            JsonTooDeep(_) => "json_too_deep",
+            InvalidHeader(_) => "invalid_header",
             MissingModel => "missing_model",
             UnknownModel(_) => "unknown_model",
             BodyTooLarge(_) => "body_too_large",
@@ -120,6 +128,8 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             MalformedJson(_)
+            | JsonTooDeep(_)
+            | InvalidHeader(_)
             | MissingModel
             | BodyRead(_)
             | BodyTimeout(_)
@@ -183,6 +193,8 @@ impl GatewayError {
             MissingModel => (Some("model"), None),
             UnknownModel(_) => (Some("model"), Some("model_not_found")),
             BodyTooLarge(_) => (None, Some("request_too_large")),
+            JsonTooDeep(_) => (None, Some("json_too_deep")),
+            InvalidHeader(h) => (Some(*h), Some("invalid_header")),
             BodyTimeout(_) => (None, Some("request_timeout")),
             MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
             TenantNeedsKey => (None, Some("invalid_api_key")),
@@ -208,9 +220,29 @@ impl GatewayError {
         )
     }
 
-    /// The error as an OpenAI-shaped JSON response.
+    /// The message a client sees. Upstream errors name the worker (and the
+    /// transport's detail, which may carry its address) only with debug headers
+    /// on: internal addresses stay inside otherwise.
+    pub fn client_message(&self, debug: bool) -> String {
+        use GatewayError::*;
+        match self {
+            UpstreamConnect { .. } if !debug => "The upstream worker is unreachable".into(),
+            UpstreamFailed { .. } if !debug => "The upstream worker failed".into(),
+            UpstreamTimeout { after, .. } if !debug => {
+                format!("The upstream worker did not answer within {after:?}")
+            }
+            _ => self.to_string(),
+        }
+    }
+
+    /// The error as an OpenAI-shaped JSON response, internal addresses hidden.
     pub fn to_response<B: From<bytes::Bytes>>(&self) -> Response<B> {
-        let msg = self.to_string();
+        self.to_response_for(false)
+    }
+
+    /// The error as an OpenAI-shaped JSON response; `debug`: name the worker.
+    pub fn to_response_for<B: From<bytes::Bytes>>(&self, debug: bool) -> Response<B> {
+        let msg = self.client_message(debug);
         let (param, code) = self.param_and_code();
         let body = ErrorBody::new(&msg, self.openai_type(), param, code).to_bytes();
         let mut resp = Response::new(B::from(body));

@@ -75,6 +75,7 @@ impl<'a> Inbound<'a> {
     /// it) and which trace it belongs to: the request's tags.
     fn admit(&self) -> Result<(Arc<RequestTags>, AskedResidency), GatewayError> {
         let headers = &self.parts.headers;
+        check_routing_headers(headers)?;
         let Ok(tenant) = self.gw.tenancy.load().resolve(headers) else {
             return Err(GatewayError::TenantNeedsKey);
         };
@@ -165,6 +166,8 @@ impl<'a> Inbound<'a> {
         if let Some(t) = unshared(tags) {
             t.request_bytes = body.len() as u64;
         }
+        api::inspect::check_depth(&body, server.max_json_depth)
+            .map_err(|e| not_inspectable(e, headers))?;
         let info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
         if let Some(t) = unshared(tags) {
             t.stream = info.stream;
@@ -248,7 +251,7 @@ impl<'a> Inbound<'a> {
             e.reason(),
             self.start.elapsed(),
         );
-        e.to_response()
+        e.to_response_for(self.snap.config.server.debug_headers)
     }
 }
 
@@ -275,7 +278,10 @@ where
 /// Why a body could not be inspected, in the client's terms: a body that is not
 /// JSON because it was sent as a form is named by its content type.
 fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
-    let InspectError::Malformed(m) = e;
+    let m = match e {
+        InspectError::Malformed(m) => m,
+        InspectError::TooDeep(limit) => return GatewayError::JsonTooDeep(limit),
+    };
     let media = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -291,6 +297,27 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
         return GatewayError::UnsupportedMediaType(api::error::echo(&media));
     }
     GatewayError::MalformedJson(m)
+}
+
+/// Request headers that steer routing or name the caller: a value that is not
+/// UTF-8 is refused rather than silently ignored.
+const ROUTING_HEADERS: [&str; 5] = [
+    "x-session-id",
+    "x-switchyard-tenant",
+    "x-switchyard-priority",
+    "x-switchyard-policy",
+    "x-switchyard-residency",
+];
+
+fn check_routing_headers(headers: &http::HeaderMap) -> Result<(), GatewayError> {
+    for name in ROUTING_HEADERS {
+        for v in headers.get_all(name) {
+            if std::str::from_utf8(v.as_bytes()).is_err() {
+                return Err(GatewayError::InvalidHeader(name));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A request refused before any handler ran (its headers broke a limit): an

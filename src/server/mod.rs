@@ -3,6 +3,7 @@
 
 pub mod admin;
 mod conn;
+mod cors;
 pub mod dashboard;
 mod handlers;
 mod reload;
@@ -178,6 +179,17 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
             let resp = handlers::refuse(&e, req.headers());
             return Box::pin(std::future::ready(Ok(resp)));
         }
+        if let Some(origin) = req.headers().get(http::header::ORIGIN).cloned() {
+            if let Some(cors) = self.gw.registry.config().server.cors.clone() {
+                return self.call_cors(req, cors, origin);
+            }
+        }
+        self.call_plain(req)
+    }
+}
+
+impl GatewayService {
+    fn call_plain(&self, req: http::Request<hyper::body::Incoming>) -> ServiceFuture {
         if req.method() == http::Method::POST
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {
@@ -186,6 +198,25 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
         } else {
             Box::pin(self.app.call(req))
         }
+    }
+
+    /// A request from a browser origin, with CORS on: a preflight is answered
+    /// here; anything else is served and its response marked.
+    fn call_cors(
+        &self,
+        req: http::Request<hyper::body::Incoming>,
+        cors: crate::config::CorsConfig,
+        origin: http::HeaderValue,
+    ) -> ServiceFuture {
+        if let Some(resp) = cors::preflight(&cors, req.method(), req.headers()) {
+            return Box::pin(std::future::ready(Ok(resp)));
+        }
+        let fut = self.call_plain(req);
+        Box::pin(async move {
+            let mut resp = fut.await?;
+            cors::decorate(&cors, &origin, &mut resp);
+            Ok(resp)
+        })
     }
 }
 
