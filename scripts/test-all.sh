@@ -18,6 +18,14 @@ echo "== cargo test"
 cargo test --locked
 
 echo "== SDK compatibility"
+# openssl makes the CA and certificate of the HTTPS gateway the Python SDK trusts.
+if ! command -v openssl >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
+  fi
+fi
 scripts/sdk-tests.sh
 
 # ---- Dashboard in a real browser ----
