@@ -544,6 +544,25 @@ mod tests {
     }
 
     #[test]
+    fn lines_are_the_same_wherever_the_chunks_are_cut() {
+        let body = b"data: {\"a\":1}\r\n\r\n: c\ndata: [DONE]\n\nlast";
+        let whole = fuzzing::sse_lines(&[body]);
+        assert_eq!(whole.len(), 6);
+        assert_eq!(whole[5], b"last");
+        for i in 0..=body.len() {
+            for j in i..=body.len() {
+                let cut = fuzzing::sse_lines(&[&body[..i], &body[i..j], &body[j..]]);
+                assert_eq!(cut, whole, "cut at {i}, {j}");
+            }
+        }
+        assert_eq!(fuzzing::sse_line(b"data: [DONE]"), None);
+        assert_eq!(
+            fuzzing::sse_line(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\r"),
+            Some((true, None))
+        );
+    }
+
+    #[test]
     fn usage_is_found_across_chunks() {
         let body = br#"{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":12,"completion_tokens":5}}"#;
         for cut in [1, 40, 60, body.len() - 3] {
