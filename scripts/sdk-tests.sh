@@ -58,9 +58,28 @@ pids+=($gw2_pid)
 export ANTHROPIC_GATEWAY_URL=$(field "$(wait_line "$tmp/gw2.out" "switchyard ready" $gw2_pid)" url)
 for _ in $(seq 1 100); do curl -fs "$ANTHROPIC_GATEWAY_URL/ready" >/dev/null && break; sleep 0.1; done
 curl -fs "$ANTHROPIC_GATEWAY_URL/ready" >/dev/null
+# The same worker behind an HTTPS gateway (the quick start's --tls-cert/--tls-key),
+# with a CA and certificate made here; the Python SDK trusts that CA.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+  -subj /CN=switchyard-sdk-test-ca -keyout "$tmp/ca.key" -out "$tmp/ca.pem" \
+  -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=localhost \
+  -keyout "$tmp/gw.key" -out "$tmp/gw.csr" 2>/dev/null
+printf '%s\n' 'subjectAltName=DNS:localhost,IP:127.0.0.1' 'extendedKeyUsage=serverAuth' \
+  'basicConstraints=critical,CA:FALSE' 'keyUsage=critical,digitalSignature' \
+  'subjectKeyIdentifier=hash' 'authorityKeyIdentifier=keyid' >"$tmp/gw.ext"
+openssl x509 -req -in "$tmp/gw.csr" -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" -CAcreateserial \
+  -days 2 -extfile "$tmp/gw.ext" -out "$tmp/gw.pem" 2>/dev/null
+RUST_LOG=warn "$BIN" serve --listen 127.0.0.1:0 --worker "$sim_url" \
+  --tls-cert "$tmp/gw.pem" --tls-key "$tmp/gw.key" >"$tmp/gws.out" 2>"$tmp/gws.out.err" &
+gws_pid=$!
+pids+=($gws_pid)
+export GATEWAY_HTTPS_URL=$(field "$(wait_line "$tmp/gws.out" "switchyard ready" $gws_pid)" url)
+export TLS_CA="$tmp/ca.pem"
+curl -fs --cacert "$TLS_CA" "$GATEWAY_HTTPS_URL/health" >/dev/null
 
 echo "== OpenAI Python SDK ($(.venv/bin/python -c 'import openai; print(openai.__version__)'))"
-.venv/bin/python -m pytest -q tests/sdk/python/test_openai_sdk.py
+.venv/bin/python -m pytest -q tests/sdk/python/test_openai_sdk.py tests/sdk/python/test_openai_sdk_tls.py
 echo "== Anthropic Python SDK ($(.venv/bin/python -c 'import anthropic; print(anthropic.__version__)'))"
 .venv/bin/python -m pytest -q tests/sdk/python/test_anthropic_sdk.py
 echo "== OpenAI Node SDK ($(node -p 'require("./tests/sdk/node/node_modules/openai/package.json").version'))"

@@ -31,6 +31,14 @@ echo "== tokenization cross-check"
 .venv/bin/python tests/tokenize/crosscheck.py target/debug/switchyard
 
 echo "== SDK compatibility"
+# openssl makes the CA and certificate of the HTTPS gateway the Python SDK trusts.
+if ! command -v openssl >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssl
+  fi
+fi
 scripts/sdk-tests.sh
 
 # ---- Endpoint Picker behind a real Envoy ----

@@ -99,7 +99,14 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     gw.set_reloader(args.reloader());
     server::spawn_reload_triggers(gw.clone(), args.config.clone());
     if let Some(admin) = server::admin::spawn(gw.clone()).await? {
-        println!("switchyard admin url=http://{admin}");
+        let tls = gw
+            .registry
+            .config()
+            .admin
+            .as_ref()
+            .is_some_and(|a| a.tls.is_some());
+        let scheme = if tls { "https" } else { "http" };
+        println!("switchyard admin url={scheme}://{admin}");
     }
     let drain = gw.registry.config().server.drain_timeout;
     let grace = gw.registry.config().server.unready_grace;
@@ -136,12 +143,13 @@ fn raise_open_file_limit() {
 /// with no available worker), so a first run does not look ready when it is not.
 fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAddr) {
     let snap = gw.registry.snapshot();
+    let scheme = gw.scheme();
     if snap.is_ready() {
-        println!("switchyard ready url=http://{addr}");
+        println!("switchyard ready url={scheme}://{addr}");
         return;
     }
     println!(
-        "switchyard listening url=http://{addr}, not ready: {}",
+        "switchyard listening url={scheme}://{addr}, not ready: {}",
         snap.unready_reasons().join("; ")
     );
     tokio::spawn(async move {
@@ -149,7 +157,7 @@ fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAdd
         loop {
             tick.tick().await;
             if gw.registry.snapshot().is_ready() {
-                println!("switchyard ready url=http://{addr}");
+                println!("switchyard ready url={scheme}://{addr}");
                 return;
             }
         }

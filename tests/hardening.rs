@@ -401,3 +401,125 @@ async fn the_admin_listener_has_the_same_limits_and_honest_401s() {
         .unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// An upstream that accepts connections and closes them at once.
+async fn slamming_upstream() -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            drop(s);
+        }
+    });
+    format!("http://{addr}")
+}
+
+#[tokio::test]
+async fn worker_addresses_reach_clients_only_with_debug_headers() {
+    let up = slamming_upstream().await;
+    let port = up.rsplit(':').next().unwrap().to_string();
+    let body = serde_json::json!({"model": "m", "messages": []});
+    for debug in [false, true] {
+        let gw = gateway(&format!(
+            "[server]\ndebug_headers = {debug}\n{}",
+            pool_toml("m", &[up.as_str()], "max_attempts = 1")
+        ))
+        .await;
+        let r = client()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 502);
+        let route = r.headers().get("x-switchyard-route").cloned();
+        let text = r.text().await.unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["type"], "upstream_error", "{text}");
+        assert_eq!(text.contains(&port), debug, "debug_headers={debug}: {text}");
+        if !debug {
+            assert!(route.is_none());
+        }
+        gw.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn cors_preflights_are_answered_for_allowed_origins_only() {
+    let (up, _tx) = Scripted::start().await;
+    let gw = gateway(&format!(
+        "[server.cors]\nallowed_origins = [\"https://app.example\"]\nmax_age_s = 60\n{}",
+        pool_toml("scripted", &[up.url.as_str()], "")
+    ))
+    .await;
+    let chat = format!("{}/v1/chat/completions", gw.url());
+    let preflight = |origin: &'static str| {
+        client()
+            .request(reqwest::Method::OPTIONS, &chat)
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .send()
+    };
+    let r = preflight("https://app.example").await.unwrap();
+    assert_eq!(r.status(), 204);
+    let h = r.headers();
+    assert_eq!(h["access-control-allow-origin"], "https://app.example");
+    assert!(h["access-control-allow-methods"]
+        .to_str()
+        .unwrap()
+        .contains("POST"));
+    let allowed = h["access-control-allow-headers"].to_str().unwrap();
+    assert!(allowed.contains("authorization") && allowed.contains("content-type"));
+    assert_eq!(h["access-control-max-age"], "60");
+    assert!(
+        up.recorded.lock().unwrap().bodies.is_empty(),
+        "a preflight reached the worker"
+    );
+
+    let r = preflight("https://evil.example").await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "cors_origin_not_allowed");
+
+    // The actual request: marked for the allowed origin, not for another.
+    let body = serde_json::json!({"model": "scripted", "messages": []});
+    for (origin, marked) in [
+        ("https://app.example", true),
+        ("https://evil.example", false),
+    ] {
+        let r = client()
+            .post(&chat)
+            .header("origin", origin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(
+            r.headers().contains_key("access-control-allow-origin"),
+            marked,
+            "{origin}"
+        );
+    }
+    let refused = metric_sum(&scrape(&gw.url()).await, names::CORS_REFUSED_TOTAL, &[]);
+    assert_eq!(refused, 2.0);
+}
+
+#[tokio::test]
+async fn without_cors_config_no_cors_header_is_sent() {
+    let (up, _tx) = Scripted::start().await;
+    let gw = gateway(&pool_toml("scripted", &[up.url.as_str()], "")).await;
+    let r = client()
+        .get(format!("{}/v1/models", gw.url()))
+        .header("origin", "https://app.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+}

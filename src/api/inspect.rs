@@ -130,6 +130,46 @@ struct StreamOptions {
 pub enum InspectError {
     /// Not JSON, or not an object; the message is serde's.
     Malformed(String),
+    /// Arrays and objects nest deeper than the limit (given).
+    TooDeep(usize),
+}
+
+/// Refuse a body whose arrays and objects nest deeper than `max`, before it is
+/// parsed (serde_json's own limit, 128, would answer with a recursion error).
+/// String contents are skipped with `memchr`, so the scan costs little next to
+/// the parse. Malformed JSON passes: the parser names that problem.
+pub fn check_depth(body: &[u8], max: usize) -> Result<(), InspectError> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'"' => {
+                // Skip to the closing quote, stepping over escapes.
+                let mut j = i + 1;
+                loop {
+                    match memchr::memchr2(b'"', b'\\', &body[j.min(body.len())..]) {
+                        Some(k) if body[j + k] == b'\\' => j += k + 2,
+                        Some(k) => {
+                            j += k;
+                            break;
+                        }
+                        None => return Ok(()),
+                    }
+                }
+                i = j;
+            }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return Err(InspectError::TooDeep(max));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    Ok(())
 }
 
 /// Parse the routing features. An empty body yields no features (GET-like paths).
@@ -167,6 +207,12 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
 /// What is wrong with a body the probe could not read, in the client's terms
 /// (cold path: the body is parsed again, as a generic value).
 fn explain(body: &[u8], e: serde_json::Error) -> InspectError {
+    if let Err(bad) = std::str::from_utf8(body) {
+        return InspectError::Malformed(format!(
+            "the request body is not valid UTF-8 (invalid byte at offset {})",
+            bad.valid_up_to()
+        ));
+    }
     let value: serde_json::Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(_) => return InspectError::Malformed(e.to_string()),
@@ -222,6 +268,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn nesting_is_counted_outside_strings_only() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert_eq!(check_depth(deep(64).as_bytes(), 64), Ok(()));
+        assert_eq!(
+            check_depth(deep(65).as_bytes(), 64),
+            Err(InspectError::TooDeep(64))
+        );
+        let quoted = format!(r#"{{"a":"{}\"{}"}}"#, "[".repeat(200), "{".repeat(200));
+        assert_eq!(check_depth(quoted.as_bytes(), 2), Ok(()));
+        // Unterminated strings and escapes at the end do not read past the body.
+        for tail in [&b"{\"abc"[..], b"{\"a\\", b"\"\\\\\\"] {
+            assert_eq!(check_depth(tail, 1), Ok(()));
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_in_a_routing_field_is_named() {
+        let body = Bytes::from_static(b"{\"model\":\"m\xff\",\"prompt\":\"x\"}");
+        let Err(InspectError::Malformed(m)) = inspect(&body) else {
+            panic!("accepted invalid UTF-8");
+        };
+        assert!(m.contains("not valid UTF-8"), "{m}");
+    }
+
+    #[test]
     fn reads_routing_fields_and_slices_messages() {
         let body = Bytes::from_static(
             br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"user":"u1","messages":[{"role":"user","content":"hi"}],"max_tokens":7}"#,
@@ -264,6 +335,7 @@ mod tests {
     fn errors_name_the_problem_in_the_clients_terms() {
         let msg = |b: &'static [u8]| match inspect(&Bytes::from_static(b)) {
             Err(InspectError::Malformed(m)) => m,
+            Err(e) => panic!("{e:?}"),
             Ok(_) => panic!("accepted"),
         };
         assert!(msg(b"[1,2,3]").contains("must be a JSON object, not an array"));

@@ -54,6 +54,12 @@ pub struct ServeArgs {
     /// server.region): turns on locality routing.
     #[arg(long)]
     pub region: Option<String>,
+    /// PEM certificate chain: serve HTTPS (with --tls-key; overrides server.tls.cert).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert (overrides server.tls.key).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -79,6 +85,11 @@ impl ServeArgs {
         }
         if let Some(r) = &self.region {
             raw.server.region = Some(r.clone());
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            let tls = raw.server.tls.get_or_insert_with(Default::default);
+            tls.cert = Some(cert.display().to_string());
+            tls.key = Some(key.display().to_string());
         }
         if let Some(p) = &self.policy {
             if PolicyKind::parse(p).is_none() {
@@ -143,6 +154,9 @@ pub fn check_config(
         workers,
         c.server.listen
     );
+    if c.server.tls.is_some() {
+        out.push_str("; TLS");
+    }
     let g = &c.global;
     if !g.regions.is_empty() {
         out.push_str(&format!(

@@ -9,6 +9,7 @@
 //! formatting never shows them) and CA files. Key paths in messages are built with
 //! `key.rs`. Defaults live here and nowhere else.
 
+mod edge;
 pub mod global;
 mod key;
 pub mod kv_events;
@@ -30,6 +31,7 @@ pub use raw::{
     RawScorer, RawServer, RawTimeouts, RawWorker,
 };
 
+pub use edge::{load_certified_key, load_client_roots, CorsConfig, RawCors, RawTls, TlsConfig};
 pub use global::{
     GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,
 };
@@ -46,6 +48,10 @@ use std::time::Duration;
 
 /// Default listen address for the OpenAI-compatible listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default deepest JSON nesting of a request body (serde_json itself stops at 128).
+pub const DEFAULT_MAX_JSON_DEPTH: usize = 64;
+/// Most `server.max_json_depth` may allow: serde_json's own recursion limit.
+pub const MAX_MAX_JSON_DEPTH: usize = 127;
 /// Default limit on a request body (bytes).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 /// Default upstream connect timeout (ms).
@@ -444,6 +450,8 @@ pub struct HealthConfig {
 pub struct AdminConfig {
     pub listen: SocketAddr,
     pub token: Secret,
+    /// Serve over TLS; with `client_ca`, only clients with a certificate from it.
+    pub tls: Option<TlsConfig>,
 }
 
 /// The engine a pool's workers run, for what differs between them: how a
@@ -525,6 +533,12 @@ pub struct ServerConfig {
     /// How long a serving thread keeps polling its sockets after request
     /// activity before it parks (`server::busy_poll`); zero: it parks at once.
     pub busy_poll: Duration,
+    /// Deepest JSON nesting accepted in a request body; deeper is answered 400.
+    pub max_json_depth: usize,
+    /// TLS on the client listener.
+    pub tls: Option<TlsConfig>,
+    /// Browser origins allowed to call the API; `None`: no CORS headers at all.
+    pub cors: Option<CorsConfig>,
 }
 
 impl ServerConfig {
@@ -822,6 +836,10 @@ impl RawConfig {
         );
         // The environment and the file system, once the file itself is checked.
         let admin = resolve::admin(admin, problems);
+        resolve::tls("server.tls", server.tls.as_ref(), problems);
+        if let Some(a) = &admin {
+            resolve::tls("admin.tls", a.tls.as_ref(), problems);
+        }
         let mut pools = pools;
         resolve::pools(&mut pools.pools, &pools.upstream_api_key_envs, problems);
         let tenancy = resolve::tenancy(tenancy, problems);
@@ -886,6 +904,19 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
         let threads = key.field("threads");
         p.push(format!("{threads}: must be at most 1024 (0 = one per CPU)"));
     }
+    let max_json_depth = s.max_json_depth.unwrap_or(DEFAULT_MAX_JSON_DEPTH);
+    between(
+        p,
+        &key.field("max_json_depth"),
+        max_json_depth,
+        1..=MAX_MAX_JSON_DEPTH,
+    );
+    let tls = s
+        .tls
+        .and_then(|t| edge::validate_tls(t, &key.field("tls"), false, p));
+    let cors = s
+        .cors
+        .and_then(|c| edge::validate_cors(c, &key.field("cors"), p));
     let busy_poll_us = s.busy_poll_us.unwrap_or(0);
     if busy_poll_us > MAX_BUSY_POLL_US {
         let busy = key.field("busy_poll_us");
@@ -910,6 +941,9 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
         watch_config: s.watch_config.unwrap_or(false),
         threads,
         busy_poll: Duration::from_micros(busy_poll_us),
+        max_json_depth,
+        tls,
+        cors,
     }
 }
 
@@ -1531,7 +1565,14 @@ fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<resolve::PendingAdmin
         p.push("admin.token_env: required when admin.listen is set (the admin API is always authenticated)".into());
         return None;
     };
-    Some(resolve::PendingAdmin { listen, token_env })
+    let tls = a
+        .tls
+        .and_then(|t| edge::validate_tls(t, &Key::new("admin").field("tls"), true, p));
+    Some(resolve::PendingAdmin {
+        listen,
+        token_env,
+        tls,
+    })
 }
 
 #[cfg(test)]

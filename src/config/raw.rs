@@ -74,6 +74,8 @@ pub struct RawAdmin {
     pub listen: Option<String>,
     /// Environment variable holding the bearer token (required when `listen` is set).
     pub token_env: Option<String>,
+    /// Serve the admin API over TLS (optionally requiring client certificates).
+    pub tls: Option<super::edge::RawTls>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -115,6 +117,12 @@ pub struct RawServer {
     pub busy_poll_us: Option<u64>,
     /// This gateway's region (one of `[regions]`); turns on locality routing.
     pub region: Option<String>,
+    /// Deepest JSON nesting (arrays and objects) accepted in a request body.
+    pub max_json_depth: Option<usize>,
+    /// Terminate TLS on the client listener.
+    pub tls: Option<super::edge::RawTls>,
+    /// Answer browsers' CORS preflights and tag responses for allowed origins.
+    pub cors: Option<super::edge::RawCors>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 pub(crate) struct PendingAdmin {
     pub listen: Option<SocketAddr>,
     pub token_env: String,
+    pub tls: Option<super::TlsConfig>,
 }
 
 /// A tenant (`key` is `tenants[N]`) before its API key is read.
@@ -40,6 +41,7 @@ pub(crate) fn admin(a: Option<PendingAdmin>, p: &mut Problems) -> Option<AdminCo
     Some(AdminConfig {
         listen: a.listen?,
         token,
+        tls: a.tls,
     })
 }
 
@@ -83,5 +85,19 @@ pub(crate) fn tenancy(t: PendingTenancy, p: &mut Problems) -> TenancyConfig {
     TenancyConfig {
         tenants,
         trust_tenant_header: t.trust_tenant_header,
+    }
+}
+
+/// A listener's certificate, key and client CA files: readable, PEM, and a key
+/// that belongs to the certificate.
+pub(crate) fn tls(key: &str, tls: Option<&super::TlsConfig>, p: &mut Problems) {
+    let Some(t) = tls else { return };
+    if let Err(e) = super::load_certified_key(t) {
+        p.push(format!("{key}: {e}"));
+    }
+    if let Some(ca) = &t.client_ca {
+        if let Err(e) = super::load_client_roots(ca) {
+            p.push(format!("{key}.client_ca: {e}"));
+        }
     }
 }

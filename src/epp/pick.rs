@@ -82,8 +82,10 @@ pub fn decide(
     residency: Option<&Residency>,
     fallbacks: usize,
 ) -> Result<Choice, GatewayError> {
-    let info = api::inspect(body)
-        .map_err(|api::inspect::InspectError::Malformed(m)| GatewayError::MalformedJson(m))?;
+    let info = api::inspect(body).map_err(|e| match e {
+        api::inspect::InspectError::Malformed(m) => GatewayError::MalformedJson(m),
+        api::inspect::InspectError::TooDeep(limit) => GatewayError::JsonTooDeep(limit),
+    })?;
     let name = info.model.as_deref().ok_or(GatewayError::MissingModel)?;
     let session = headers
         .get(SESSION_HEADER)

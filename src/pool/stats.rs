@@ -413,7 +413,8 @@ impl WorkerStats {
             Some(age) if age > stale_after_ms => local(Freshness::Stale),
             Some(_) => {
                 let waiting = self.waiting.load(Ordering::Relaxed);
-                let polled = waiting + self.running.load(Ordering::Relaxed);
+                // Saturating: a worker may report any count (`1e400` reads as u64::MAX).
+                let polled = waiting.saturating_add(self.running.load(Ordering::Relaxed));
                 let since = |total: &AtomicU64, base: &AtomicU64| {
                     total
                         .load(Ordering::Relaxed)
@@ -605,6 +606,17 @@ vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 850.0
 vllm:num_requests_waiting_by_reason{reason="capacity"} 99
 "#;
+
+    /// Found by the `engine_metrics` fuzz target: huge counts from a worker
+    /// overflowed the load estimate.
+    #[test]
+    fn absurd_counts_from_a_worker_do_not_overflow() {
+        let s = parse_metrics("vllm:num_requests_waiting 1e400\nvllm:num_requests_running 1e400\n");
+        let w = WorkerStats::default();
+        w.store(&s, 1_000);
+        let l = w.load(3, 2_000, 5_000);
+        assert!(l.queue.is_finite());
+    }
 
     #[test]
     fn parses_vllm_names() {

@@ -10,6 +10,10 @@ use std::time::Duration;
 pub enum GatewayError {
     #[error("We could not parse the JSON body of your request: {0}")]
     MalformedJson(String),
+    #[error("The JSON body nests deeper than the limit of {0} levels")]
+    JsonTooDeep(usize),
+    #[error("Header `{0}` is not valid UTF-8")]
+    InvalidHeader(&'static str),
     #[error("you must provide a model parameter")]
     MissingModel,
     /// A well-formed body that breaks the endpoint's rules (a missing
@@ -86,6 +90,8 @@ impl GatewayError {
         match self {
             MalformedJson(_)
             | MalformedMultipart(_)
+            | JsonTooDeep(_)
+            | InvalidHeader(_)
             | MissingModel
             | InvalidRequest(_)
             | BodyRead(_)
@@ -115,6 +121,8 @@ impl GatewayError {
         match self {
             MalformedJson(_) => "malformed_json",
             MalformedMultipart(_) => "malformed_multipart",
+            JsonTooDeep(_) => "json_too_deep",
+            InvalidHeader(_) => "invalid_header",
             MissingModel => "missing_model",
             InvalidRequest(_) => "invalid_request",
             NotSupported(_) => "not_supported",
@@ -150,6 +158,8 @@ impl GatewayError {
         match self {
             MalformedJson(_)
             | MalformedMultipart(_)
+            | JsonTooDeep(_)
+            | InvalidHeader(_)
             | MissingModel
             | InvalidRequest(_)
             | NotSupported(_)
@@ -221,6 +231,8 @@ impl GatewayError {
             MissingModel => (Some("model"), None),
             UnknownModel(_) => (Some("model"), Some("model_not_found")),
             BodyTooLarge(_) => (None, Some("request_too_large")),
+            JsonTooDeep(_) => (None, Some("json_too_deep")),
+            InvalidHeader(h) => (Some(*h), Some("invalid_header")),
             BodyTimeout(_) => (None, Some("request_timeout")),
             MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
             TenantNeedsKey => (None, Some("invalid_api_key")),
@@ -249,15 +261,34 @@ impl GatewayError {
         )
     }
 
-    /// The error as an OpenAI-shaped JSON response.
+    /// The message a client sees. Upstream errors name the worker (and the
+    /// transport's detail, which may carry its address) only with debug headers
+    /// on: internal addresses stay inside otherwise.
+    pub fn client_message(&self, debug: bool) -> String {
+        use GatewayError::*;
+        match self {
+            UpstreamConnect { .. } if !debug => "The upstream worker is unreachable".into(),
+            UpstreamFailed { .. } if !debug => "The upstream worker failed".into(),
+            UpstreamTimeout { after, .. } if !debug => {
+                format!("The upstream worker did not answer within {after:?}")
+            }
+            _ => self.to_string(),
+        }
+    }
+
+    /// The error as an OpenAI-shaped JSON response, internal addresses hidden.
     pub fn to_response<B: From<bytes::Bytes>>(&self) -> Response<B> {
-        self.to_response_for(false)
+        self.to_response_for(false, false)
     }
 
     /// The error as a JSON response in the shape the client's API uses:
-    /// Anthropic's (`anthropic`) or OpenAI's.
-    pub fn to_response_for<B: From<bytes::Bytes>>(&self, anthropic: bool) -> Response<B> {
-        let msg = self.to_string();
+    /// Anthropic's (`anthropic`) or OpenAI's; `debug`: name the worker.
+    pub fn to_response_for<B: From<bytes::Bytes>>(
+        &self,
+        anthropic: bool,
+        debug: bool,
+    ) -> Response<B> {
+        let msg = self.client_message(debug);
         let body = if anthropic {
             crate::api::anthropic::error::body(self.status().as_u16(), &msg)
         } else {
@@ -320,7 +351,7 @@ mod tests {
             let r: Response<bytes::Bytes> = e.to_response();
             let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
             assert!(v["error"]["message"].is_string());
-            let r: Response<bytes::Bytes> = e.to_response_for(true);
+            let r: Response<bytes::Bytes> = e.to_response_for(true, false);
             let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
             assert_eq!(v["type"], "error");
             assert!(v["error"]["type"].is_string() && v["error"]["message"].is_string());

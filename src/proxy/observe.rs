@@ -143,7 +143,7 @@ struct Observer {
     response_bytes: u64,
     usage: Option<Usage>,
     /// Partial SSE line carried to the next chunk.
-    line: Vec<u8>,
+    lines: Lines,
     /// The end of a non-SSE body, where `usage` is.
     tail: Tail,
     outcome: Option<Outcome>,
@@ -159,7 +159,7 @@ impl Observer {
             itl_sum: Duration::ZERO,
             response_bytes: 0,
             usage: None,
-            line: Vec::new(),
+            lines: Lines::default(),
             tail: Tail::default(),
             outcome: None,
         }
@@ -173,50 +173,20 @@ impl Observer {
             self.tail.push(chunk);
             return;
         }
-        let mut rest = &chunk[..];
-        if !self.line.is_empty() {
-            match memchr::memchr(b'\n', rest) {
-                None => {
-                    self.carry(rest);
-                    return;
-                }
-                Some(i) => {
-                    self.carry(&rest[..i]);
-                    let line = std::mem::take(&mut self.line);
-                    self.on_line(&line, now);
-                    self.line = line;
-                    self.line.clear();
-                    rest = &rest[i + 1..];
-                }
-            }
-        }
-        while let Some(i) = memchr::memchr(b'\n', rest) {
-            self.on_line(&rest[..i], now);
-            rest = &rest[i + 1..];
-        }
-        self.carry(rest);
-    }
-
-    fn carry(&mut self, bytes: &[u8]) {
-        let room = MAX_LINE_CARRY.saturating_sub(self.line.len());
-        self.line.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        // Taken out for the loop (a moved `Vec`, no copy) so lines can reach `self`.
+        let mut lines = std::mem::take(&mut self.lines);
+        lines.feed(chunk, |line| self.on_line(line, now));
+        self.lines = lines;
     }
 
     fn on_line(&mut self, line: &[u8], now: Instant) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(data) = line.strip_prefix(b"data:") else {
+        let Some(facts) = read_line(line) else {
             return;
         };
-        let data = data.strip_prefix(b" ").unwrap_or(data);
-        if data == b"[DONE]" {
-            return;
+        if let Some(u) = facts.usage {
+            self.usage = Some(self.usage.map_or(u, |old| old.update(u)));
         }
-        if let Some(pos) = USAGE.find(data) {
-            if let Some(u) = parse_usage(&data[pos + 8..]) {
-                self.usage = Some(self.usage.map_or(u, |old| old.update(u)));
-            }
-        }
-        if carries_content(data) {
+        if facts.content {
             match self.last_content {
                 None => {
                     self.first_content = Some(now);
@@ -240,10 +210,115 @@ impl Observer {
         crate::runtime::busy_poll::touch();
         if !self.p.sse {
             self.usage = self.tail.usage();
-        } else if !self.line.is_empty() {
-            let line = std::mem::take(&mut self.line);
-            self.on_line(&line, crate::runtime::clock::now());
+        } else {
+            let mut lines = std::mem::take(&mut self.lines);
+            let now = crate::runtime::clock::now();
+            lines.finish(|line| self.on_line(line, now));
         }
+    }
+}
+
+/// SSE line framing across chunks. A line split over chunks is carried (up to
+/// `MAX_LINE_CARRY` bytes; a longer one is judged by its start), every other
+/// line is handed on in place, without a copy.
+#[derive(Default)]
+struct Lines {
+    carry: Vec<u8>,
+}
+
+impl Lines {
+    /// Call `f` with each line `chunk` completes, without its `\n`.
+    fn feed(&mut self, chunk: &[u8], mut f: impl FnMut(&[u8])) {
+        let mut rest = chunk;
+        if !self.carry.is_empty() {
+            let Some(i) = memchr::memchr(b'\n', rest) else {
+                self.keep(rest);
+                return;
+            };
+            self.keep(&rest[..i]);
+            f(&self.carry);
+            self.carry.clear();
+            rest = &rest[i + 1..];
+        }
+        while let Some(i) = memchr::memchr(b'\n', rest) {
+            f(&rest[..i]);
+            rest = &rest[i + 1..];
+        }
+        self.keep(rest);
+    }
+
+    /// The stream ended: a last line without its `\n`, if any.
+    fn finish(&mut self, mut f: impl FnMut(&[u8])) {
+        if !self.carry.is_empty() {
+            f(&self.carry);
+            self.carry.clear();
+        }
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        let room = MAX_LINE_CARRY.saturating_sub(self.carry.len());
+        self.carry
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+/// What an SSE `data:` line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LineFacts {
+    usage: Option<Usage>,
+    /// It carries generated output (a token for TTFT and ITL).
+    content: bool,
+}
+
+/// The facts of one SSE line; `None` for anything but a `data:` line (comments,
+/// `event:`, `[DONE]`).
+fn read_line(line: &[u8]) -> Option<LineFacts> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let data = line.strip_prefix(b"data:")?;
+    let data = data.strip_prefix(b" ").unwrap_or(data);
+    if data == b"[DONE]" {
+        return None;
+    }
+    let usage = USAGE
+        .find(data)
+        .and_then(|pos| parse_usage(&data[pos + 8..]));
+    Some(LineFacts {
+        usage,
+        content: carries_content(data),
+    })
+}
+
+/// The observer's scanning without its metrics, for the fuzz targets.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::{read_line, Lines, Tail, Usage};
+
+    /// Longest line carried between chunks.
+    pub const MAX_LINE_CARRY: usize = super::MAX_LINE_CARRY;
+
+    /// The lines an SSE body cut into `chunks` yields, a last unterminated one included.
+    pub fn sse_lines(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut lines = Lines::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            lines.feed(c, |l| out.push(l.to_vec()));
+        }
+        lines.finish(|l| out.push(l.to_vec()));
+        out
+    }
+
+    /// For a `data:` line: whether it carries output, and its usage.
+    pub fn sse_line(line: &[u8]) -> Option<(bool, Option<Usage>)> {
+        read_line(line).map(|f| (f.content, f.usage))
+    }
+
+    /// The usage a non-streamed body cut into `chunks` ends with.
+    pub fn body_usage(chunks: &[&[u8]]) -> Option<Usage> {
+        let mut t = Tail::default();
+        for c in chunks {
+            t.push(&bytes::Bytes::copy_from_slice(c));
+        }
+        t.usage()
     }
 }
 
@@ -556,6 +631,25 @@ mod tests {
         assert!(!carries_content(
             br#"{"choices":[],"usage":{"prompt_tokens":3}}"#
         ));
+    }
+
+    #[test]
+    fn lines_are_the_same_wherever_the_chunks_are_cut() {
+        let body = b"data: {\"a\":1}\r\n\r\n: c\ndata: [DONE]\n\nlast";
+        let whole = fuzzing::sse_lines(&[body]);
+        assert_eq!(whole.len(), 6);
+        assert_eq!(whole[5], b"last");
+        for i in 0..=body.len() {
+            for j in i..=body.len() {
+                let cut = fuzzing::sse_lines(&[&body[..i], &body[i..j], &body[j..]]);
+                assert_eq!(cut, whole, "cut at {i}, {j}");
+            }
+        }
+        assert_eq!(fuzzing::sse_line(b"data: [DONE]"), None);
+        assert_eq!(
+            fuzzing::sse_line(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\r"),
+            Some((true, None))
+        );
     }
 
     #[test]

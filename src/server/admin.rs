@@ -31,6 +31,10 @@ pub async fn spawn(gw: Arc<Gateway>) -> std::io::Result<Option<SocketAddr>> {
     if !addr.ip().is_loopback() {
         tracing::warn!(%addr, "the admin API listens on a non-loopback address: anyone who can reach it needs only the token; prefer 127.0.0.1 and a tunnel");
     }
+    let tls = match &admin.tls {
+        Some(t) => Some(super::tls::Tls::new(t, "admin")?),
+        None => None,
+    };
     let app = router(gw.clone());
     let server = gw.registry.config().server.clone();
     tokio::spawn(super::serve_internal(
@@ -38,6 +42,7 @@ pub async fn spawn(gw: Arc<Gateway>) -> std::io::Result<Option<SocketAddr>> {
         app,
         server,
         MAX_ADMIN_CONNECTIONS,
+        tls,
     ));
     Ok(Some(addr))
 }

@@ -119,6 +119,7 @@ impl<'a> Inbound<'a> {
     /// it) and which trace it belongs to: the request's tags.
     fn admit(&self) -> Result<(Arc<RequestTags>, AskedResidency), GatewayError> {
         let headers = &self.parts.headers;
+        check_routing_headers(headers)?;
         let Ok(tenant) = self.gw.tenancy.load().resolve(headers) else {
             return Err(GatewayError::TenantNeedsKey);
         };
@@ -380,6 +381,8 @@ impl<'a> Inbound<'a> {
         if let Some(t) = unshared(tags) {
             t.request_bytes = body.len() as u64;
         }
+        api::inspect::check_depth(&body, server.max_json_depth)
+            .map_err(|e| not_inspectable(e, headers))?;
         let info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
         if self.endpoint.is_anthropic() {
             api::anthropic::check(self.endpoint, &info).map_err(GatewayError::InvalidRequest)?;
@@ -468,7 +471,10 @@ impl<'a> Inbound<'a> {
                 elapsed: self.start.elapsed(),
             },
         );
-        e.to_response_for(self.endpoint.is_anthropic())
+        e.to_response_for(
+            self.endpoint.is_anthropic(),
+            self.snap.config.server.debug_headers,
+        )
     }
 }
 
@@ -508,7 +514,10 @@ where
 /// Why a body could not be inspected, in the client's terms: a body that is not
 /// JSON because it was sent as a form is named by its content type.
 fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
-    let InspectError::Malformed(m) = e;
+    let m = match e {
+        InspectError::Malformed(m) => m,
+        InspectError::TooDeep(limit) => return GatewayError::JsonTooDeep(limit),
+    };
     let media = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -526,6 +535,27 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
     GatewayError::MalformedJson(m)
 }
 
+/// Request headers that steer routing or name the caller: a value that is not
+/// UTF-8 is refused rather than silently ignored.
+const ROUTING_HEADERS: [&str; 5] = [
+    "x-session-id",
+    "x-switchyard-tenant",
+    "x-switchyard-priority",
+    "x-switchyard-policy",
+    "x-switchyard-residency",
+];
+
+fn check_routing_headers(headers: &http::HeaderMap) -> Result<(), GatewayError> {
+    for name in ROUTING_HEADERS {
+        for v in headers.get_all(name) {
+            if std::str::from_utf8(v.as_bytes()).is_err() {
+                return Err(GatewayError::InvalidHeader(name));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A request refused before any handler ran (its headers broke a limit): an
 /// OpenAI-shaped error, counted, with the request id.
 /// Its body is left unread, so an HTTP/1 connection closes after the answer
@@ -537,7 +567,7 @@ pub(super) fn refuse(e: &GatewayError, headers: &http::HeaderMap) -> Response {
 /// [`refuse`], in Anthropic's error shape when `anthropic`.
 pub(super) fn refuse_for(e: &GatewayError, headers: &http::HeaderMap, anthropic: bool) -> Response {
     telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
-    let mut resp: Response = e.to_response_for(anthropic);
+    let mut resp: Response = e.to_response_for(anthropic, false);
     resp.headers_mut()
         .insert(request_id::HEADER, request_id::get_or_make(headers));
     let has_body = headers.contains_key(header::TRANSFER_ENCODING)

@@ -3,6 +3,7 @@
 
 pub mod admin;
 mod conn;
+mod cors;
 pub mod dashboard;
 mod handlers;
 pub use handlers::metrics_text;
@@ -10,6 +11,7 @@ mod models;
 mod reload;
 mod request_id;
 pub mod shards;
+mod tls;
 
 pub use reload::{spawn_reload_triggers, Reloader};
 
@@ -47,6 +49,8 @@ pub struct Gateway {
     pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
     shutting_down: AtomicBool,
     reloader: arc_swap::ArcSwapOption<Reloader>,
+    /// TLS of the client listener, when `server.tls` is set.
+    tls: Option<tls::Tls>,
 }
 
 impl Gateway {
@@ -64,6 +68,10 @@ impl Gateway {
             .filter_map(|p| p.upstream_ca_file.clone())
             .collect();
         let client = UpstreamClient::new(config.server.timeouts.connect, &ca_files)?;
+        let tls = match &config.server.tls {
+            Some(t) => Some(tls::Tls::new(t, "client")?),
+            None => None,
+        };
         let sinks = telemetry::Sinks::new(&config);
         let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
@@ -84,6 +92,7 @@ impl Gateway {
             tenancy,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
+            tls,
         }))
     }
 
@@ -113,6 +122,15 @@ impl Gateway {
                 tracing::error!(error = %e, "configuration reload rejected; keeping the current one");
                 Err(e.to_string())
             }
+        }
+    }
+
+    /// `https` when the client listener terminates TLS, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
         }
     }
 
@@ -187,6 +205,17 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
             let resp = handlers::refuse_for(&e, req.headers(), anthropic);
             return Box::pin(std::future::ready(Ok(resp)));
         }
+        if let Some(origin) = req.headers().get(http::header::ORIGIN).cloned() {
+            if let Some(cors) = self.gw.registry.config().server.cors.clone() {
+                return self.call_cors(req, cors, origin);
+            }
+        }
+        self.call_plain(req)
+    }
+}
+
+impl GatewayService {
+    fn call_plain(&self, req: http::Request<hyper::body::Incoming>) -> ServiceFuture {
         if req.method() == http::Method::POST
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {
@@ -195,6 +224,25 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
         } else {
             Box::pin(self.app.call(req))
         }
+    }
+
+    /// A request from a browser origin, with CORS on: a preflight is answered
+    /// here; anything else is served and its response marked.
+    fn call_cors(
+        &self,
+        req: http::Request<hyper::body::Incoming>,
+        cors: crate::config::CorsConfig,
+        origin: http::HeaderValue,
+    ) -> ServiceFuture {
+        if let Some(resp) = cors::preflight(&cors, req.method(), req.headers()) {
+            return Box::pin(std::future::ready(Ok(resp)));
+        }
+        let fut = self.call_plain(req);
+        Box::pin(async move {
+            let mut resp = fut.await?;
+            cors::decorate(&cors, &origin, &mut resp);
+            Ok(resp)
+        })
     }
 }
 
@@ -210,7 +258,7 @@ pub struct ServerHandle {
 
 impl ServerHandle {
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.gateway.scheme(), self.addr)
     }
 
     /// Graceful stop: readiness turns false, the listener closes, in-flight
@@ -280,6 +328,7 @@ pub(crate) async fn serve_internal(
     app: Router,
     cfg: crate::config::ServerConfig,
     cap: usize,
+    tls: Option<tls::Tls>,
 ) {
     use tower::ServiceExt;
     let builder = connection_builder(&cfg);
@@ -308,11 +357,23 @@ pub(crate) async fn serve_internal(
                 app.oneshot(req.map(axum::body::Body::new)).await
             }
         });
-        let io = TokioIo::new(Scanned::new(stream, state.clone()));
-        let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
         let stop = stop.clone();
+        let (builder, tls) = (builder.clone(), tls.clone());
         tokio::spawn(async move {
-            conn::drive(conn, &state, timeouts, stop).await;
+            match tls {
+                Some(tls) => {
+                    if let Some(stream) = tls.accept(stream, timeouts.header).await {
+                        let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                        let conn = builder.serve_connection_with_upgrades(io, svc);
+                        conn::drive(conn, &state, timeouts, stop).await;
+                    }
+                }
+                None => {
+                    let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                    let conn = builder.serve_connection_with_upgrades(io, svc);
+                    conn::drive(conn, &state, timeouts, stop).await;
+                }
+            }
             drop(permit);
         });
     }
@@ -387,11 +448,24 @@ pub(crate) async fn serve_with_permits(
                     conn: state.clone(),
                     limits,
                 };
-                let io = TokioIo::new(Scanned::new(stream, state.clone()));
-                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
                 let stop = drain_rx.clone();
                 let open = gauge!(names::CONNECTIONS_OPEN);
                 open.increment(1.0);
+                if let Some(tls) = gw.tls.clone() {
+                    let builder = builder.clone();
+                    tokio::spawn(async move {
+                        if let Some(stream) = tls.accept(stream, timeouts.header).await {
+                            let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                            let conn = builder.serve_connection_with_upgrades(io, svc);
+                            conn::drive(conn, &state, timeouts, stop).await;
+                        }
+                        open.decrement(1.0);
+                        drop(permit);
+                    });
+                    continue;
+                }
+                let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
                 tokio::spawn(async move {
                     conn::drive(conn, &state, timeouts, stop).await;
                     open.decrement(1.0);

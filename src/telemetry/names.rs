@@ -45,6 +45,9 @@ pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
 pub const CONNECTIONS_CLOSED_TOTAL: &str = "switchyard_connections_closed_total";
 pub const BUSY_POLL_MICROSECONDS: &str = "switchyard_busy_poll_microseconds_total";
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
+pub const TLS_CERT_RELOADS_TOTAL: &str = "switchyard_tls_certificate_reloads_total";
+pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "switchyard_tls_handshake_failures_total";
+pub const CORS_REFUSED_TOTAL: &str = "switchyard_cors_refused_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
 pub const CANCELLATIONS_TOTAL: &str = "switchyard_cancellations_total";
@@ -116,6 +119,8 @@ pub const L_OUTCOME: &str = "outcome";
 pub const L_KIND: &str = "kind";
 pub const L_REASON: &str = "reason";
 pub const L_RESULT: &str = "result";
+/// Which listener: `client` or `admin`.
+pub const L_LISTENER: &str = "listener";
 pub const L_POLICY: &str = "policy";
 pub const L_STATE: &str = "state";
 pub const L_MODE: &str = "mode";
@@ -330,6 +335,18 @@ fn describe_routing() {
     describe_gauge!(
         CONNECTIONS_OPEN,
         "Client connections the gateway currently holds open."
+    );
+    describe_counter!(
+        TLS_CERT_RELOADS_TOTAL,
+        "Certificate reloads after the files changed on disk, by listener and result (ok, rejected: the old certificate stays)."
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES_TOTAL,
+        "TLS handshakes that failed, by listener and reason (error, timeout: not done within the header timeout)."
+    );
+    describe_counter!(
+        CORS_REFUSED_TOTAL,
+        "Browser requests and preflights from an origin server.cors does not allow."
     );
     describe_counter!(
         CONNECTIONS_CLOSED_TOTAL,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod scripted;
+pub mod tls;
 
 use std::time::Duration;
 use switchyard::config;

@@ -1,0 +1,141 @@
+//! TLS termination for the client and admin listeners. The certificate is served
+//! through a resolver holding an `ArcSwap<CertifiedKey>`: a watcher polls the
+//! files' modification stamps and swaps in a new certificate for the next
+//! handshake, so open connections keep theirs and nothing is dropped. A file that
+//! does not load keeps the old certificate (log line and metric). ALPN offers h2
+//! and http/1.1; a handshake must finish within the header timeout.
+
+use crate::config::{load_certified_key, load_client_roots, TlsConfig};
+use crate::telemetry::names;
+use arc_swap::ArcSwap;
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+/// A listener's TLS side: the acceptor and the listener's name for metrics.
+#[derive(Clone)]
+pub(crate) struct Tls {
+    acceptor: TlsAcceptor,
+    listener: &'static str,
+}
+
+impl Tls {
+    /// Load the files and start the watcher (when `reload_interval` is not zero).
+    /// `listener` is the metric label: `client` or `admin`.
+    pub(crate) fn new(cfg: &TlsConfig, listener: &'static str) -> std::io::Result<Tls> {
+        let key = load_certified_key(cfg).map_err(std::io::Error::other)?;
+        let resolver = Arc::new(CertResolver {
+            current: ArcSwap::from_pointee(key),
+        });
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(std::io::Error::other)?;
+        let builder = match &cfg.client_ca {
+            Some(ca) => {
+                let roots = load_client_roots(ca).map_err(std::io::Error::other)?;
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .map_err(std::io::Error::other)?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut server = builder.with_cert_resolver(resolver.clone());
+        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        if !cfg.reload_interval.is_zero() {
+            tokio::spawn(watch(Arc::downgrade(&resolver), cfg.clone(), listener));
+        }
+        Ok(Tls {
+            acceptor: TlsAcceptor::from(Arc::new(server)),
+            listener,
+        })
+    }
+
+    /// The handshake, bounded by `limit` (the header timeout): a client that
+    /// stalls it gives its connection slot back. Failures are counted.
+    pub(crate) async fn accept(
+        &self,
+        stream: TcpStream,
+        limit: Duration,
+    ) -> Option<TlsStream<TcpStream>> {
+        let reason = match tokio::time::timeout(limit, self.acceptor.accept(stream)).await {
+            Ok(Ok(s)) => return Some(s),
+            Ok(Err(e)) => {
+                tracing::debug!(listener = self.listener, error = %e, "TLS handshake failed");
+                "error"
+            }
+            Err(_) => "timeout",
+        };
+        metrics::counter!(
+            names::TLS_HANDSHAKE_FAILURES_TOTAL,
+            names::L_LISTENER => self.listener,
+            names::L_REASON => reason
+        )
+        .increment(1);
+        None
+    }
+}
+
+/// Serves whatever certificate was loaded last.
+#[derive(Debug)]
+struct CertResolver {
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl ResolvesServerCert for CertResolver {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// What identifies a version of the files: each one's modification time and length.
+type Stamp = [Option<(SystemTime, u64)>; 2];
+
+fn stamp(cfg: &TlsConfig) -> Stamp {
+    [&cfg.cert, &cfg.key].map(|p| {
+        let m = std::fs::metadata(p).ok()?;
+        Some((m.modified().ok()?, m.len()))
+    })
+}
+
+/// Poll the files; on a change, load them and swap the certificate in, or keep
+/// the old one if they do not load (a half-written pair is retried at the next
+/// change). Ends when the listener's resolver is gone.
+async fn watch(resolver: Weak<CertResolver>, cfg: TlsConfig, listener: &'static str) {
+    let mut seen = stamp(&cfg);
+    let mut tick = tokio::time::interval(cfg.reload_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(resolver) = resolver.upgrade() else {
+            return;
+        };
+        let now = stamp(&cfg);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        let result = match load_certified_key(&cfg) {
+            Ok(key) => {
+                resolver.current.store(Arc::new(key));
+                tracing::info!(listener, cert = %cfg.cert.display(), "TLS certificate reloaded");
+                "ok"
+            }
+            Err(e) => {
+                tracing::error!(listener, error = %e, "TLS certificate reload rejected; keeping the current one");
+                "rejected"
+            }
+        };
+        metrics::counter!(
+            names::TLS_CERT_RELOADS_TOTAL,
+            names::L_LISTENER => listener,
+            names::L_RESULT => result
+        )
+        .increment(1);
+    }
+}
