@@ -397,6 +397,58 @@ pub async fn serve(
     .await
 }
 
+/// What every accepted connection of one listener is served with.
+struct Accepting {
+    gw: Arc<Gateway>,
+    app: Router,
+    builder: auto::Builder<TokioExecutor>,
+    limits: HeaderLimits,
+    timeouts: ConnTimeouts,
+    /// `true` asks the connection to shut down gracefully.
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Accepting {
+    /// Serve one accepted connection on its own task (TLS first, when
+    /// configured), holding its connection-cap permit until it closes.
+    fn spawn(&self, stream: tokio::net::TcpStream, permit: tokio::sync::OwnedSemaphorePermit) {
+        let _ = stream.set_nodelay(true);
+        let state = Arc::new(ConnState::default());
+        let svc = GatewayService {
+            gw: self.gw.clone(),
+            app: TowerToHyperService::new(self.app.clone()),
+            conn: state.clone(),
+            limits: self.limits,
+        };
+        let (stop, timeouts) = (self.stop.clone(), self.timeouts);
+        let open = gauge!(names::CONNECTIONS_OPEN);
+        open.increment(1.0);
+        if let Some(tls) = self.gw.tls.clone() {
+            let builder = self.builder.clone();
+            tokio::spawn(async move {
+                if let Some(stream) = tls.accept(stream, timeouts.header).await {
+                    let io = TokioIo::new(Scanned::new(stream, state.clone()));
+                    let conn = builder.serve_connection_with_upgrades(io, svc);
+                    conn::drive(conn, &state, timeouts, stop).await;
+                }
+                open.decrement(1.0);
+                drop(permit);
+            });
+            return;
+        }
+        let io = TokioIo::new(Scanned::new(stream, state.clone()));
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(io, svc)
+            .into_owned();
+        tokio::spawn(async move {
+            conn::drive(conn, &state, timeouts, stop).await;
+            open.decrement(1.0);
+            drop(permit);
+        });
+    }
+}
+
 /// [`serve`], drawing connection permits from `permits` (shared by every
 /// listener of a thread-per-core server, so `max_connections` stays one cap).
 pub(crate) async fn serve_with_permits(
@@ -406,13 +458,18 @@ pub(crate) async fn serve_with_permits(
     drain: Duration,
     permits: Arc<tokio::sync::Semaphore>,
 ) -> std::io::Result<()> {
-    let app = router(gw.clone());
     let server_cfg = gw.registry.config().server.clone();
-    let builder = connection_builder(&server_cfg);
-    let (limits, timeouts) = (HeaderLimits::of(&server_cfg), ConnTimeouts::of(&server_cfg));
     // Connections hold a receiver: `true` asks them to shut down gracefully, and
     // the sender's `closed()` tells when the last one has ended.
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    let accepting = Accepting {
+        app: router(gw.clone()),
+        builder: connection_builder(&server_cfg),
+        limits: HeaderLimits::of(&server_cfg),
+        timeouts: ConnTimeouts::of(&server_cfg),
+        stop: drain_rx,
+        gw: gw.clone(),
+    };
     let mut grace_end = crate::runtime::clock::now();
     tokio::pin!(shutdown);
     loop {
@@ -440,37 +497,7 @@ pub(crate) async fn serve_with_permits(
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
-                let state = Arc::new(ConnState::default());
-                let svc = GatewayService {
-                    gw: gw.clone(),
-                    app: TowerToHyperService::new(app.clone()),
-                    conn: state.clone(),
-                    limits,
-                };
-                let stop = drain_rx.clone();
-                let open = gauge!(names::CONNECTIONS_OPEN);
-                open.increment(1.0);
-                if let Some(tls) = gw.tls.clone() {
-                    let builder = builder.clone();
-                    tokio::spawn(async move {
-                        if let Some(stream) = tls.accept(stream, timeouts.header).await {
-                            let io = TokioIo::new(Scanned::new(stream, state.clone()));
-                            let conn = builder.serve_connection_with_upgrades(io, svc);
-                            conn::drive(conn, &state, timeouts, stop).await;
-                        }
-                        open.decrement(1.0);
-                        drop(permit);
-                    });
-                    continue;
-                }
-                let io = TokioIo::new(Scanned::new(stream, state.clone()));
-                let conn = builder.serve_connection_with_upgrades(io, svc).into_owned();
-                tokio::spawn(async move {
-                    conn::drive(conn, &state, timeouts, stop).await;
-                    open.decrement(1.0);
-                    drop(permit);
-                });
+                accepting.spawn(stream, permit);
             }
             _ = &mut shutdown, if !gw.is_shutting_down() => {
                 // Readiness turns false first; keep accepting through the grace period.
@@ -486,7 +513,7 @@ pub(crate) async fn serve_with_permits(
     }
     gw.shutting_down.store(true, Ordering::Relaxed);
     drop(listener);
-    drop(drain_rx);
+    drop(accepting);
     let _ = drain_tx.send(true);
     if tokio::time::timeout(drain, drain_tx.closed())
         .await
