@@ -174,29 +174,15 @@ impl<'a> Inbound<'a> {
         }
         self.admission_span(tags, info.model.as_deref().unwrap_or_default());
         // Phase: forward, along the fallback chain.
-        let server = &self.snap.config.server;
+        let pool_body = proxy::cancel::with_rid(
+            proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
+            &route.pool.config,
+            self.endpoint,
+            self.request_id,
+        )?;
         let ctx = ForwardContext {
-            client: &self.gw.client,
-            route,
-            parts: self.parts,
-            body: proxy::cancel::with_rid(
-                proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
-                &route.pool.config,
-                self.endpoint,
-                self.request_id,
-            )?,
-            info: &info,
-            endpoint: self.endpoint,
-            request_id: self.request_id,
-            timeouts: server.timeouts,
-            health: &self.snap.config.health,
-            debug_headers: server.debug_headers,
-            start: self.start,
-            tags,
-            residency: residency.as_ref(),
-            global: &self.snap.config.global,
             pinned,
-            upload: None,
+            ..self.context(route, pool_body, &info, tags, residency.as_ref())
         };
         let answer = proxy::forward_with_fallbacks(ctx, self.snap, &body).await;
         match (answer, &info.previous_response_id) {
@@ -274,22 +260,9 @@ impl<'a> Inbound<'a> {
             ..Default::default()
         };
         let ctx = ForwardContext {
-            client: &self.gw.client,
-            route,
             parts: &parts,
-            body,
-            info: &info,
-            endpoint: self.endpoint,
-            request_id: self.request_id,
-            timeouts: server.timeouts,
-            health: &self.snap.config.health,
-            debug_headers: server.debug_headers,
-            start: self.start,
-            tags,
-            residency: None,
-            global: &self.snap.config.global,
             pinned: Some(idx),
-            upload: None,
+            ..self.context(route, body, &info, tags, None)
         };
         proxy::forward(&ctx).await.map_err(|e| owner_failed(id, e))
     }
@@ -341,22 +314,8 @@ impl<'a> Inbound<'a> {
             ..Default::default()
         };
         let ctx = ForwardContext {
-            client: &self.gw.client,
-            route,
-            parts: self.parts,
-            body: Bytes::new(),
-            info: &info,
-            endpoint: self.endpoint,
-            request_id: self.request_id,
-            timeouts: server.timeouts,
-            health: &self.snap.config.health,
-            debug_headers: server.debug_headers,
-            start: self.start,
-            tags,
-            residency: residency.as_ref(),
-            global: &self.snap.config.global,
-            pinned: None,
             upload: Some(&upload),
+            ..self.context(route, Bytes::new(), &info, tags, residency.as_ref())
         };
         proxy::forward(&ctx).await
     }
@@ -427,6 +386,37 @@ impl<'a> Inbound<'a> {
             body
         };
         Ok((route, body))
+    }
+
+    /// The forwarding context of a resolved request (no pinned worker, no
+    /// streamed upload: callers that have one set it).
+    fn context<'b>(
+        &'b self,
+        route: &'b Arc<ModelRoute>,
+        body: Bytes,
+        info: &'b api::RequestInfo,
+        tags: &'b Arc<RequestTags>,
+        residency: Option<&'b Residency>,
+    ) -> ForwardContext<'b> {
+        let server = &self.snap.config.server;
+        ForwardContext {
+            client: &self.gw.client,
+            route,
+            parts: self.parts,
+            body,
+            info,
+            endpoint: self.endpoint,
+            request_id: self.request_id,
+            timeouts: server.timeouts,
+            health: &self.snap.config.health,
+            debug_headers: server.debug_headers,
+            start: self.start,
+            tags,
+            residency,
+            global: &self.snap.config.global,
+            pinned: None,
+            upload: None,
+        }
     }
 
     /// The admission span of a traced request: from arrival to a route for the
