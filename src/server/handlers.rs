@@ -527,19 +527,20 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
 
 /// Request headers that steer routing or name the caller: a value that is not
 /// UTF-8 is refused rather than silently ignored.
-const ROUTING_HEADERS: [&str; 5] = [
-    "x-session-id",
-    "x-switchyard-tenant",
-    "x-switchyard-priority",
-    "x-switchyard-policy",
-    "x-switchyard-residency",
+/// Static names: a `&str` name would be parsed on every lookup.
+static ROUTING_HEADERS: [http::HeaderName; 5] = [
+    proxy::SESSION_HEADER,
+    crate::tenancy::TENANT_HEADER,
+    crate::proxy::forward::PRIORITY_HEADER,
+    proxy::POLICY_HEADER,
+    RESIDENCY_HEADER,
 ];
 
 fn check_routing_headers(headers: &http::HeaderMap) -> Result<(), GatewayError> {
-    for name in ROUTING_HEADERS {
+    for name in &ROUTING_HEADERS {
         for v in headers.get_all(name) {
             if std::str::from_utf8(v.as_bytes()).is_err() {
-                return Err(GatewayError::InvalidHeader(name));
+                return Err(GatewayError::InvalidHeader(name.as_str()));
             }
         }
     }
