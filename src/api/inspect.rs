@@ -139,6 +139,11 @@ pub enum InspectError {
 /// String contents are skipped with `memchr`, so the scan costs little next to
 /// the parse. Malformed JSON passes: the parser names that problem.
 pub fn check_depth(body: &[u8], max: usize) -> Result<(), InspectError> {
+    // Depth never exceeds the number of openings: one SIMD count decides the
+    // usual body (brackets inside strings only make this conservative).
+    if memchr::memchr2_iter(b'[', b'{', body).take(max + 1).count() <= max {
+        return Ok(());
+    }
     let mut depth = 0usize;
     let mut i = 0;
     while i < body.len() {
@@ -274,6 +279,13 @@ mod tests {
         assert_eq!(
             check_depth(deep(65).as_bytes(), 64),
             Err(InspectError::TooDeep(64))
+        );
+        // More openings than the limit, but side by side: the full scan decides.
+        let wide = format!("[{}[]]", "[],".repeat(100));
+        assert_eq!(check_depth(wide.as_bytes(), 2), Ok(()));
+        assert_eq!(
+            check_depth(wide.as_bytes(), 1),
+            Err(InspectError::TooDeep(1))
         );
         let quoted = format!(r#"{{"a":"{}\"{}"}}"#, "[".repeat(200), "{".repeat(200));
         assert_eq!(check_depth(quoted.as_bytes(), 2), Ok(()));
