@@ -87,7 +87,9 @@ where
     let mut known = None;
     let result = match mode {
         Mode::Json => inbound.serve(body, &mut tags, residency, &mut known).await,
-        Mode::Stored => inbound.serve_stored(body, &mut tags, &mut known).await,
+        // Rare paths are boxed: the common request's future stays small (it is
+        // moved whole, and nests the largest of these).
+        Mode::Stored => Box::pin(inbound.serve_stored(body, &mut tags, &mut known)).await,
         Mode::Upload(upload) => {
             Box::pin(inbound.serve_upload(upload, &mut tags, residency, &mut known)).await
         }
