@@ -13,13 +13,12 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use support::raw::{raw, read_to_close, status_of, SAFETY};
 use support::{client, eventually};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
-/// Only keeps a broken build from hanging; no test waits this long when it passes.
-const SAFETY: Duration = Duration::from_secs(60);
 const MAX_BODY: usize = 1 << 20;
 
 /// Start `switchyard ARGS...` and wait for the stdout line starting with `prefix`.
@@ -154,32 +153,6 @@ impl Bystander {
             "a bystander request failed during {case}"
         );
     }
-}
-
-/// Read until the server closes the connection (bounded by SAFETY).
-async fn read_to_close(s: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    tokio::time::timeout(SAFETY, s.read_to_end(&mut out))
-        .await
-        .expect("the server closes the connection")
-        .ok();
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// One request from raw bytes on a fresh connection (`Connection: close` is
-/// the caller's to add); the whole answer.
-async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(bytes).await.unwrap();
-    read_to_close(&mut s).await
-}
-
-fn status_of(answer: &str) -> u16 {
-    answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
 }
 
 fn post(path: &str, headers: &str, body: &[u8]) -> Vec<u8> {

@@ -210,14 +210,7 @@ async fn models_merge_pools_aliases_and_adapters_with_engine_metadata() {
         ),
     );
     let gw = serve_binary(&file).await;
-    let list: Value = client()
-        .get(format!("{}/v1/models", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list: Value = get_json(&format!("{}/v1/models", gw.url)).await;
     let card = |id: &str| {
         list["data"]
             .as_array()
@@ -239,13 +232,6 @@ async fn models_merge_pools_aliases_and_adapters_with_engine_metadata() {
     let lora = card("my-lora");
     assert_eq!(lora["parent"], json!(model), "{lora}");
     assert_eq!(lora["max_model_len"], json!(max_len));
-    let one: Value = client()
-        .get(format!("{}/v1/models/tiny-alias", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let one: Value = get_json(&format!("{}/v1/models/tiny-alias", gw.url)).await;
     assert_eq!(one["parent"], json!(model), "{one}");
 }

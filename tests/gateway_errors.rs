@@ -97,14 +97,7 @@ async fn client_errors() {
     assert_eq!(r.status(), 404);
     assert_openai_error(&r.json().await.unwrap());
 
-    let models: serde_json::Value = client()
-        .get(format!("{url}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: serde_json::Value = support::get_json(&format!("{url}/v1/models")).await;
     let ids: Vec<&str> = models["data"]
         .as_array()
         .unwrap()

@@ -141,14 +141,7 @@ async fn lora_adapters_route_to_their_pool_unchanged() {
     assert_eq!(r.status(), 200);
     assert!(base.recorded.lock().unwrap().bodies.is_empty());
     assert_eq!(lora.recorded.lock().unwrap().bodies[0]["model"], "sql-lora");
-    let models: serde_json::Value = client()
-        .get(format!("{}/v1/models", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: serde_json::Value = get_json(&format!("{}/v1/models", gw.url())).await;
     assert!(models["data"]
         .as_array()
         .unwrap()
@@ -316,14 +309,7 @@ workers = [{{ url = "{}" }}]
         600.0
     );
     // The split name is listed like any model.
-    let models: serde_json::Value = client()
-        .get(format!("{url}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: serde_json::Value = get_json(&format!("{url}/v1/models")).await;
     assert!(models["data"]
         .as_array()
         .unwrap()

@@ -5,41 +5,12 @@
 
 mod support;
 
-use std::time::Duration;
+use support::raw::{raw, read_to_close, status_of, SAFETY};
 use support::scripted::Scripted;
 use support::{client, eventually, gateway, metric_sum, pool_toml, scrape};
 use switchyard::telemetry::names;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// Generous bound for "the server closes it": the timeouts under test are
-/// hundreds of milliseconds, this only keeps a broken build from hanging.
-const SAFETY: Duration = Duration::from_secs(30);
-
-/// Read until the server closes the connection; what it sent before that.
-async fn read_to_close(s: &mut TcpStream) -> String {
-    let mut out = Vec::new();
-    tokio::time::timeout(SAFETY, s.read_to_end(&mut out))
-        .await
-        .expect("the server closes the connection")
-        .ok();
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Send raw bytes on a fresh connection and read the whole answer.
-async fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(bytes).await.unwrap();
-    read_to_close(&mut s).await
-}
-
-fn status_of(answer: &str) -> u16 {
-    answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {answer:?}"))
-}
 
 fn body_of(answer: &str) -> serde_json::Value {
     let body = answer.split("\r\n\r\n").nth(1).unwrap_or("");

@@ -110,14 +110,7 @@ async fn a_conversation_stays_on_its_worker_across_replicas() {
     let last = prev.clone().unwrap();
 
     // The stored response is read and deleted on its owner, from any replica.
-    let got: Value = client()
-        .get(format!("{}/v1/responses/{last}", replicas[2].url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got: Value = get_json(&format!("{}/v1/responses/{last}", replicas[2].url)).await;
     assert_eq!(got["id"], json!(last), "{got}");
     let foreign = client()
         .get(format!("{}/v1/responses/resp_123", replicas[1].url))

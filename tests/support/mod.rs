@@ -2,6 +2,7 @@
 //! ephemeral loopback ports, and a scriptable upstream for header/streaming checks.
 #![allow(dead_code)]
 
+pub mod raw;
 pub mod scripted;
 pub mod tls;
 
@@ -91,6 +92,18 @@ pub async fn chat_status(url: &str, model: &str) -> u16 {
         .unwrap()
         .status()
         .as_u16()
+}
+
+/// GET `url` and read its JSON body (any status).
+pub async fn get_json(url: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 pub async fn scrape(url: &str) -> String {
