@@ -407,6 +407,9 @@ impl Exchange {
             // The picker does not hold the upstream connection: Envoy does.
             cancel: None,
             anthropic_errors: false,
+            // Envoy sends the body as the client wrote it: usage is the engine's
+            // when the client asked for it, and not estimated here.
+            prompt_estimate: None,
         })
     }
 

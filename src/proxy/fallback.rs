@@ -3,7 +3,7 @@
 //! could fix (down, saturated, upstream errors). A pool with no worker inside the
 //! request's residency is passed over, never tried.
 
-use super::{forward, pool_body, ForwardContext, GatewayError};
+use super::{for_pool, forward, ForwardContext, GatewayError};
 use crate::pool::{ModelRoute, Snapshot};
 use crate::telemetry::{self, names};
 use axum::body::Body;
@@ -36,8 +36,9 @@ pub async fn forward_with_fallbacks<'a>(
         telemetry::record_fallback(&route.pool.name, &next.pool.name);
         ctx = ForwardContext {
             route: next,
-            body: super::cancel::with_rid(
-                pool_body(body, &next.pool.config, ctx.endpoint)?,
+            body: for_pool(
+                body,
+                ctx.info,
                 &next.pool.config,
                 ctx.endpoint,
                 ctx.request_id,

@@ -545,6 +545,7 @@ pub(crate) fn respond(
             // A translated stream's errors are reshaped with the rest of it.
             anthropic_errors: ctx.endpoint.is_anthropic() && !ctx.translates(),
             cancel: cancel_for(ctx, worker, note.prefill),
+            prompt_estimate: ctx.endpoint.carries_usage().then(|| ctx.size(0).tokens),
         },
     );
     if ctx.translates() {
@@ -554,6 +555,14 @@ pub(crate) fn respond(
             parts,
             Body::new(super::anthropic::TranslatedBody::new(observed, sse, status)),
         );
+    }
+    if sse
+        && parts.status.is_success()
+        && super::usage::asks(ctx.info, &ctx.route.pool.config, ctx.endpoint)
+    {
+        // The usage chunk the gateway asked for is not the client's.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, Body::new(super::usage::Stripped::new(observed)));
     }
     if ctx.endpoint == Endpoint::Responses {
         // Response ids carry their owner (`affinity`); the length changes.

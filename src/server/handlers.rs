@@ -176,8 +176,9 @@ impl<'a> Inbound<'a> {
         }
         self.admission_span(tags, info.model.as_deref().unwrap_or_default());
         // Phase: forward, along the fallback chain.
-        let pool_body = proxy::cancel::with_rid(
-            proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
+        let pool_body = proxy::for_pool(
+            &body,
+            &info,
             &route.pool.config,
             self.endpoint,
             self.request_id,
