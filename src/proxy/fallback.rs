@@ -4,7 +4,7 @@
 //! request's residency is passed over, never tried.
 
 use super::{for_pool, forward, ForwardContext, GatewayError};
-use crate::pool::{ModelRoute, Snapshot};
+use crate::routes::{ModelRoute, Snapshot};
 use crate::telemetry::{self, names};
 use axum::body::Body;
 use bytes::Bytes;

@@ -59,7 +59,7 @@ impl<B> Stripped<B> {
             return Bytes::new();
         };
         let events = self.held.split_to(end).freeze();
-        if !USAGE.find(&events).is_some() {
+        if USAGE.find(&events).is_none() {
             return events;
         }
         let mut out = BytesMut::with_capacity(events.len());
@@ -115,7 +115,7 @@ fn usage_only(event: &[u8]) -> bool {
     let Some(json) = text.strip_prefix(b"data:") else {
         return false;
     };
-    if !USAGE.find(json).is_some() || memchr::memchr(b'\n', json).is_some() {
+    if USAGE.find(json).is_none() || memchr::memchr(b'\n', json).is_some() {
         return false;
     }
     match serde_json::from_slice::<Chunk>(json.trim_ascii()) {

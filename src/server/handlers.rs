@@ -3,9 +3,9 @@
 use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
-use crate::pool::{ModelRoute, Snapshot};
 use crate::proxy::RequestTags;
 use crate::proxy::{self, affinity, ForwardContext, GatewayError, SESSION_HEADER};
+use crate::routes::{ModelRoute, Snapshot};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
@@ -66,7 +66,7 @@ where
     let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
-    let snap = gw.registry.snapshot();
+    let snap = gw.routes.snapshot();
     let inbound = Inbound {
         gw: &gw,
         snap: &snap,
@@ -658,7 +658,7 @@ pub async fn model(
     State(gw): State<Arc<Gateway>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    let known = gw.registry.snapshot().model_names().contains(&id);
+    let known = gw.routes.snapshot().model_names().contains(&id);
     if known {
         let list = super::models::list(&gw).await;
         if let Some(c) = list.data.into_iter().find(|c| c.id == id) {
@@ -688,7 +688,7 @@ pub async fn health() -> &'static str {
 /// `GET /ready`: every model has a worker that can take a request, and the
 /// gateway is not shutting down.
 pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    if !gw.is_shutting_down() && gw.registry.snapshot().is_ready() {
+    if !gw.is_shutting_down() && gw.routes.snapshot().is_ready() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
@@ -698,6 +698,7 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
 /// The exposition text: scrape-time gauges refreshed, then every family.
 pub fn metrics_text(gw: &Gateway) -> String {
     crate::pool::gauges::refresh(&gw.registry.snapshot());
+    gw.routes.refresh_gauges();
     gw.fleet.refresh_gauges();
     telemetry::render(&gw.metrics, Some(&gw.sinks))
 }
