@@ -86,6 +86,27 @@ workers = [{ url = "http://127.0.0.1:9000" }]
 }
 
 #[test]
+fn check_config_loads_each_pools_tokenizer() {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-tokenizer");
+    let pools = |dir: &str| {
+        format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"prefix\"\ntokenizer = {{ kind = \"hf\", path = \"{dir}\" }}\nworkers = [{{ url = \"http://127.0.0.1:9000\" }}]\n"
+        )
+    };
+    let good = file("tokenizer-good", &pools(fixture.to_str().unwrap()));
+    let (ok, out, err) = switchyard(&["check-config", &good]);
+    assert!(ok && out.contains(": ok ("), "{out}{err}");
+    let bad = file("tokenizer-missing", &pools("/nonexistent/model-dir"));
+    let (ok, _, err) = switchyard(&["check-config", &bad]);
+    assert!(!ok, "a missing tokenizer passed");
+    assert!(err.contains("pools[0].tokenizer: "), "{err}");
+    for f in [good, bad] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
+
+#[test]
 fn check_config_without_secrets_notes_unset_variables() {
     let path = file(
         "secrets",

@@ -146,6 +146,7 @@ pub fn check_config(
         .check_with(crate::routing::scorers::unknown_names)
         .validate(secrets)?;
     let c = &checked.config;
+    tokenizers_load(c)?;
     let workers: usize = c.pools.iter().map(|p| p.workers.len()).sum();
     let mut out = format!(
         "{}: ok ({} pools, {} workers, listen {})",
@@ -173,6 +174,26 @@ pub fn check_config(
         out.push_str(&format!("\nnote: {n}"));
     }
     Ok(out)
+}
+
+/// Each pool's tokenizer loads (files, template): `serve` would otherwise find
+/// out at start and route those pools on estimates.
+fn tokenizers_load(c: &config::Config) -> Result<(), config::ConfigError> {
+    let problems: Vec<String> = c
+        .pools
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| {
+            let t = p.tokenizer.as_ref()?;
+            let e = crate::tokenize::build(t).err()?;
+            Some(format!("pools[{i}].tokenizer: {e}"))
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(config::ConfigError { problems })
+    }
 }
 
 /// `switchyard tokenize`: the prompt tokens the gateway computes for a request.

@@ -48,6 +48,9 @@ pub fn build(cfg: &TokenizerConfig) -> Result<Arc<dyn PromptTokenizer>, String> 
             chat_template,
         } => {
             let path = std::path::Path::new(path);
+            if !path.exists() {
+                return Err(format!("{}: no such file or directory", path.display()));
+            }
             let dir = if path.is_file() {
                 path.parent().unwrap_or(path)
             } else {
