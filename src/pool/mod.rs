@@ -2,10 +2,10 @@
 //! counters. Requests read an immutable [`Snapshot`] through `ArcSwap`; background
 //! tasks (model discovery, later stats and health) build and swap a new one.
 
-pub mod admission;
 pub mod discovery;
 mod dns;
 pub mod fleet;
+pub mod flow;
 pub mod gauges;
 pub mod health;
 mod inference_pool;

@@ -2,7 +2,7 @@
 //! Built from config plus discovered models whenever either changes, then swapped
 //! atomically; requests in flight keep the snapshot they started with.
 
-use super::admission::AdmissionQueue;
+use super::flow::{saturation, FlowQueue, QueueLimits};
 use super::worker::{Worker, WorkerState};
 use crate::config::{Config, PolicyKind, PoolConfig, Residency, WorkerConfig};
 use crate::kv_events::PoolKv;
@@ -16,6 +16,21 @@ use metrics::{counter, Counter, SharedString};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+/// The queue bounds of pool `pc` (flow-control settings, else the plain queue's).
+fn limits(pc: &PoolConfig) -> QueueLimits {
+    let flow = pc
+        .flow
+        .clone()
+        .unwrap_or_else(|| crate::config::FlowConfig::defaults(pc.queue_timeout));
+    QueueLimits {
+        max_count: pc.queue_size,
+        max_bytes: flow.max_queued_bytes,
+        ttl: flow.ttl,
+        max_flows: flow.max_flows,
+        preemption: flow.preemption,
+    }
+}
+
 /// A pool as the request path sees it.
 pub struct PoolRuntime {
     pub name: Arc<str>,
@@ -28,7 +43,7 @@ pub struct PoolRuntime {
     pub prefix_index: Option<Arc<PrefixIndex>>,
     pub retry_budget: Arc<RetryBudget>,
     /// Present when the pool limits concurrency per worker.
-    pub queue: Option<Arc<AdmissionQueue>>,
+    pub queue: Option<Arc<FlowQueue>>,
     /// The pool's metric handles (overhead, routing decisions).
     pub metrics: crate::telemetry::PoolMetrics,
 }
@@ -209,7 +224,7 @@ pub struct Registry {
     removed: DashMap<String, ()>,
     /// Per-pool state that outlives rebuilds.
     budgets: DashMap<String, Arc<RetryBudget>>,
-    queues: DashMap<String, Arc<AdmissionQueue>>,
+    queues: DashMap<String, Arc<FlowQueue>>,
     /// Locality spill state per pool name (hysteresis outlives rebuilds).
     spill: DashMap<String, Arc<SpillState>>,
     /// KV-event subscribers and precise index per pool name (outlive rebuilds).
@@ -290,6 +305,7 @@ impl Registry {
                     && o.retry_budget_min == p.retry_budget_min
                     && o.queue_size == p.queue_size
                     && o.queue_timeout == p.queue_timeout
+                    && o.flow == p.flow
             });
             if !same {
                 self.budgets.remove(&p.name);
@@ -418,16 +434,10 @@ impl Registry {
                     Arc::new(RetryBudget::new(pc.retry_budget_ratio, pc.retry_budget_min))
                 })
                 .clone();
-            let queue = (pc.max_concurrency_per_worker > 0).then(|| {
+            let queue = saturation::limits(pc).then(|| {
                 self.queues
                     .entry(pc.name.clone())
-                    .or_insert_with(|| {
-                        Arc::new(AdmissionQueue::new(
-                            pc.name.clone().into(),
-                            pc.queue_size,
-                            pc.queue_timeout,
-                        ))
-                    })
+                    .or_insert_with(|| Arc::new(FlowQueue::new(pc.name.clone().into(), limits(pc))))
                     .clone()
             });
             let pool = Arc::new(PoolRuntime {
@@ -574,6 +584,17 @@ impl Registry {
             by_pool,
             splits,
         }));
+        // Workers may have appeared: a waiter gets a turn to look.
+        for q in self.queues.iter() {
+            q.release();
+        }
+    }
+
+    /// Every pool's queue gets a turn to look for room (a stats scrape landed).
+    pub fn kick_queues(&self) {
+        for q in self.queues.iter() {
+            q.release();
+        }
     }
 }
 

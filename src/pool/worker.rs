@@ -1,6 +1,6 @@
 //! One upstream engine and its shared live state.
 
-use super::admission::AdmissionQueue;
+use super::flow::FlowQueue;
 use super::health::HealthState;
 use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
@@ -143,7 +143,7 @@ impl Worker {
     /// request waiting in `queue`, if any. `size` says how much prefill work the
     /// request brings; it counts as pending until [`InFlightGuard::first_token`] or
     /// the drop.
-    pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>, size: RequestSize) -> InFlightGuard {
+    pub fn begin(&self, queue: Option<&Arc<FlowQueue>>, size: RequestSize) -> InFlightGuard {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
         self.state
@@ -175,7 +175,7 @@ pub struct RequestSize {
 /// Decrements the worker's in-flight count when the response body ends or is dropped.
 pub struct InFlightGuard {
     state: Arc<WorkerState>,
-    queue: Option<Arc<AdmissionQueue>>,
+    queue: Option<Arc<FlowQueue>>,
     /// Prefill tokens still counted as pending on the worker, and the prompt bytes.
     prefill: Option<(u64, u64)>,
 }

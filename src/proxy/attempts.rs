@@ -10,8 +10,8 @@ use super::forward::{
     charge, respond, retryable_status, send_attempt, Failure, ForwardContext, RouteNote, Sent,
     POLICY_HEADER, PRIORITY_HEADER,
 };
-use crate::config::HealthConfig;
-use crate::pool::admission::{Priority, QueueError};
+use crate::config::{FairnessKey, HealthConfig};
+use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority, QueueError, Ticket};
 use crate::pool::{InFlightGuard, ModelRoute, Role};
 use crate::routing::{Decision, Policy, Reason, RouteRequest};
 use crate::telemetry;
@@ -40,14 +40,27 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         // Boxed: an attempt's state is a few KB, and Rust futures hold an awaited
         // future's state inline (often twice), then are moved whole; boxing it
         // keeps the request's future under 4 KB instead of over 20 KB.
-        let sent = Box::pin(send_attempt(
+        let send = Box::pin(send_attempt(
             ctx,
             decision.index,
             ctx.body.clone(),
             pick.size,
             run.deadline,
-        ))
-        .await;
+        ));
+        let sent = match run.preemptible() {
+            None => send.await,
+            Some((_registered, rx)) => {
+                tokio::select! {
+                    sent = send => sent,
+                    // Cancelled before its answer: the attempt (and its in-flight
+                    // slot) is dropped here, which hands the slot to the waiter.
+                    Ok(()) = rx => {
+                        run.preempted(&decision)?;
+                        continue;
+                    }
+                }
+            }
+        };
         match run.settle(&decision, sent) {
             Settled::Answer(resp, guard) => return Ok(run.answer(&decision, &pick, resp, guard)),
             Settled::Retry => continue,
@@ -92,6 +105,14 @@ struct Attempts<'c, 'a> {
     blame: Blame<'c>,
     /// When the current pick started (only a trace span needs it).
     pick_start: Option<Instant>,
+    /// The request's class (header, else `normal`).
+    prio: Priority,
+    /// Its place in the pool's queue while it waits or holds a turn.
+    place: Option<Place<'c>>,
+    /// It was granted a turn: it may pick although others wait.
+    turn: bool,
+    /// It was preempted: it queues again ahead of its class.
+    front: bool,
 }
 
 impl<'c, 'a> Attempts<'c, 'a> {
@@ -125,6 +146,15 @@ impl<'c, 'a> Attempts<'c, 'a> {
             stop: "no_candidate",
             blame: Blame::new(route, ctx.health),
             pick_start: None,
+            prio: Priority::parse(
+                ctx.parts
+                    .headers
+                    .get(PRIORITY_HEADER)
+                    .and_then(|v| v.to_str().ok()),
+            ),
+            place: None,
+            turn: false,
+            front: false,
         }
     }
 
@@ -142,10 +172,12 @@ impl<'c, 'a> Attempts<'c, 'a> {
         self.ctx.route.pool.config.disaggregation.is_some()
     }
 
-    /// Phase: select. The policy's pick among eligible workers under their
-    /// concurrency limit; if every eligible one is at its limit, wait in the
-    /// pool's queue and pick again; on a retry with nobody left, a last-resort
-    /// worker. `None`: no worker can take the request.
+    /// Phase: select. The policy's pick among eligible workers with room (see
+    /// `pool::flow::saturation`); while every eligible one is saturated — or
+    /// others of this class or above are waiting, or (scale from zero) none is
+    /// ready — wait in the pool's queue and pick again when given the turn; on a
+    /// retry with nobody left, a last-resort worker. `None`: no worker can take
+    /// the request.
     async fn select(&mut self) -> Result<Option<Decision>, GatewayError> {
         let route = self.ctx.route;
         if let Some(owner) = self.ctx.pinned {
@@ -157,36 +189,126 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 spill: None,
             }));
         }
-        let limit = route.pool.config.max_concurrency_per_worker;
+        let queue = route.pool.queue.as_deref();
         loop {
+            if let Some(q) = queue.filter(|q| !self.turn && q.must_wait(self.prio)) {
+                self.wait(q).await?;
+                continue;
+            }
             self.pick_start = self.ctx.tags.tracing().then(crate::runtime::clock::now);
+            let now = crate::runtime::clock::now_ms();
+            let cfg = &route.pool.config;
             let accept =
-                |i: usize| self.eligible(i) && (limit == 0 || route.workers[i].in_flight() < limit);
+                |i: usize| self.eligible(i) && saturation::has_room(cfg, &route.workers[i], now);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
+                self.dispatched(queue);
                 return Ok(Some(d));
             }
-            let saturated = limit > 0 && (0..route.workers.len()).any(|i| self.eligible(i));
-            match (&route.pool.queue, saturated) {
-                (Some(q), true) => {
-                    let prio = Priority::parse(
-                        self.ctx
-                            .parts
-                            .headers
-                            .get(PRIORITY_HEADER)
-                            .and_then(|v| v.to_str().ok()),
-                    );
-                    let waited = crate::runtime::clock::now();
-                    let r = Box::pin(q.wait(prio, waited)).await;
-                    self.ctx.tags.add_waited(waited.elapsed());
-                    r.map_err(|e| match e {
-                        QueueError::Full => GatewayError::QueueFull(route.pool.name.to_string()),
-                        QueueError::Timeout => {
-                            GatewayError::QueueTimeout(route.pool.name.to_string())
-                        }
-                    })?;
+            let saturated = (0..route.workers.len()).any(|i| self.eligible(i));
+            let cold = self.attempt == 0 && cfg.flow.as_ref().is_some_and(|f| f.scale_from_zero);
+            match queue {
+                Some(q) if saturated || cold => self.wait(q).await?,
+                _ => {
+                    // Giving up a turn: the next waiter may find what this one did not.
+                    if self.place.take().is_some() {
+                        queue.inspect(|q| q.release());
+                    }
+                    return Ok(self.last_resort());
                 }
-                _ => return Ok(self.last_resort()),
             }
+        }
+    }
+
+    /// Wait in the pool's queue for a turn (at the kept place after the first
+    /// time); the time waited is the request's.
+    async fn wait(&mut self, q: &'c FlowQueue) -> Result<(), GatewayError> {
+        let ticket = self.ticket();
+        let waited = crate::runtime::clock::now();
+        let r = Box::pin(q.wait(&ticket, &mut self.place)).await;
+        self.ctx.tags.add_waited(waited.elapsed());
+        self.turn = r.is_ok();
+        let pool = || self.ctx.route.pool.name.to_string();
+        r.map_err(|e| match e {
+            QueueError::Full => GatewayError::QueueFull(pool()),
+            QueueError::Timeout => GatewayError::QueueTimeout(pool()),
+            QueueError::Evicted => GatewayError::QueueEvicted(pool()),
+        })
+    }
+
+    /// What this request brings to the queue: class, fairness flow and weight,
+    /// token cost (prompt estimate + `max_tokens` or the expected output), bytes.
+    fn ticket(&self) -> Ticket<'c> {
+        let ctx = self.ctx;
+        let flow_cfg = ctx.route.pool.config.flow.as_ref();
+        let flow: &'c str = match flow_cfg.map(|f| &f.fairness_key) {
+            Some(FairnessKey::Header(h)) => ctx
+                .parts
+                .headers
+                .get(h.as_str())
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(""),
+            _ => &ctx.tags.tenant.name,
+        };
+        let expected = flow_cfg.map_or(crate::config::flow::DEFAULT_EXPECTED_OUTPUT_TOKENS, |f| {
+            f.expected_output_tokens
+        });
+        Ticket {
+            prio: self.prio,
+            flow,
+            weight: flow_cfg.map_or(1.0, |f| f.weight(flow)),
+            cost: ctx.size(0).tokens + ctx.info.max_tokens.unwrap_or(expected),
+            bytes: ctx.body.len() as u64,
+            front: self.front,
+        }
+    }
+
+    /// A pick succeeded: if it came from the queue, leave it (handing the turn
+    /// on) and count the tenant's dispatched tokens.
+    fn dispatched(&mut self, queue: Option<&FlowQueue>) {
+        self.turn = false;
+        self.front = false;
+        if let (Some(q), Some(place)) = (queue, self.place.take()) {
+            counter!(names::FLOW_DISPATCHED_TOKENS_TOTAL, names::L_POOL => self.pool_label.clone(),
+                names::L_TENANT => self.ctx.tags.tenant_label.clone())
+            .increment(self.ticket().cost);
+            q.dispatched(Some(place));
+        }
+    }
+
+    /// Register the attempt about to be sent as preemptible, when the pool
+    /// preempts and a class above this one exists.
+    fn preemptible(
+        &self,
+    ) -> Option<(
+        crate::pool::flow::Preemptible<'c>,
+        tokio::sync::oneshot::Receiver<()>,
+    )> {
+        let q = self.ctx.route.pool.queue.as_deref()?;
+        (q.preemption() != Preemption::Off && self.prio != Priority::Critical)
+            .then(|| q.preemptible(self.prio))
+    }
+
+    /// The attempt on `decision` was preempted before answering: take it back
+    /// (not a failure of the worker, not an attempt) and queue again ahead of the
+    /// class, or refuse with a retryable error, as the pool says.
+    fn preempted(&mut self, decision: &Decision) -> Result<(), GatewayError> {
+        self.tried.retain(|i| *i != decision.index);
+        self.attempt = self.attempt.saturating_sub(1);
+        self.front = true;
+        tracing::info!(request_id = ?self.ctx.request_id, pool = %self.ctx.route.pool.name,
+            class = self.prio.as_str(), "preempted by a higher class before answering");
+        match self
+            .ctx
+            .route
+            .pool
+            .queue
+            .as_deref()
+            .map(FlowQueue::preemption)
+        {
+            Some(Preemption::Reject) => Err(GatewayError::Preempted(
+                self.ctx.route.pool.name.to_string(),
+            )),
+            _ => Ok(()),
         }
     }
 
