@@ -21,4 +21,4 @@ pub use health::spawn_health_checks;
 pub use k8s::spawn_k8s_discovery;
 pub use registry::{ModelRoute, PoolRuntime, Registry, Resolved, Snapshot, SplitRoute};
 pub use stats::spawn_stats_poller;
-pub use worker::{InFlightGuard, RequestSize, Role, Worker, WorkerState};
+pub use worker::{InFlightGuard, RequestSize, Reservation, Role, Worker, WorkerState};

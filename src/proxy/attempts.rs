@@ -8,10 +8,10 @@
 use super::error::GatewayError;
 use super::forward::{
     charge, respond, retryable_status, send_attempt, Failure, ForwardContext, RouteNote, Sent,
-    POLICY_HEADER, PRIORITY_HEADER,
+    POLICY_HEADER,
 };
-use crate::config::{FairnessKey, HealthConfig};
-use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority, QueueError, Ticket};
+use crate::config::HealthConfig;
+use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority};
 use crate::pool::{InFlightGuard, ModelRoute, Role};
 use crate::routing::{Decision, Policy, Reason, RouteRequest};
 use crate::telemetry;
@@ -46,6 +46,7 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
             ctx.body.clone(),
             pick.size,
             run.deadline,
+            run.reserved.take(),
         ));
         let sent = match run.preemptible() {
             None => send.await,
@@ -113,6 +114,8 @@ struct Attempts<'c, 'a> {
     turn: bool,
     /// It was preempted: it queues again ahead of its class.
     front: bool,
+    /// The slot the last pick took on its worker, until the attempt is sent.
+    reserved: Option<crate::pool::Reservation>,
 }
 
 impl<'c, 'a> Attempts<'c, 'a> {
@@ -146,15 +149,11 @@ impl<'c, 'a> Attempts<'c, 'a> {
             stop: "no_candidate",
             blame: Blame::new(route, ctx.health),
             pick_start: None,
-            prio: Priority::parse(
-                ctx.parts
-                    .headers
-                    .get(PRIORITY_HEADER)
-                    .and_then(|v| v.to_str().ok()),
-            ),
+            prio: super::flow::priority(ctx),
             place: None,
             turn: false,
             front: false,
+            reserved: None,
         }
     }
 
@@ -174,8 +173,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
 
     /// Phase: select. The policy's pick among eligible workers with room (see
     /// `pool::flow::saturation`); while every eligible one is saturated — or
-    /// others of this class or above are waiting, or (scale from zero) none is
-    /// ready — wait in the pool's queue and pick again when given the turn; on a
+    /// others of this class or above are waiting — wait in the pool's queue and
+    /// pick again when given the turn (the best worker *then*); on a
     /// retry with nobody left, a last-resort worker. `None`: no worker can take
     /// the request.
     async fn select(&mut self) -> Result<Option<Decision>, GatewayError> {
@@ -201,13 +200,21 @@ impl<'c, 'a> Attempts<'c, 'a> {
             let accept =
                 |i: usize| self.eligible(i) && saturation::has_room(cfg, &route.workers[i], now);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
+                // The slot is taken before anyone else is given a turn; lost to
+                // another thread in between, pick again.
+                if queue.is_some() {
+                    let limit = cfg.max_concurrency_per_worker;
+                    match route.workers[d.index].try_reserve(limit, route.pool.queue.as_ref()) {
+                        Some(r) => self.reserved = Some(r),
+                        None => continue,
+                    }
+                }
                 self.dispatched(queue);
                 return Ok(Some(d));
             }
             let saturated = (0..route.workers.len()).any(|i| self.eligible(i));
-            let cold = self.attempt == 0 && cfg.flow.as_ref().is_some_and(|f| f.scale_from_zero);
             match queue {
-                Some(q) if saturated || cold => self.wait(q).await?,
+                Some(q) if saturated => self.wait(q).await?,
                 _ => {
                     // Giving up a turn: the next waiter may find what this one did not.
                     if self.place.take().is_some() {
@@ -222,44 +229,12 @@ impl<'c, 'a> Attempts<'c, 'a> {
     /// Wait in the pool's queue for a turn (at the kept place after the first
     /// time); the time waited is the request's.
     async fn wait(&mut self, q: &'c FlowQueue) -> Result<(), GatewayError> {
-        let ticket = self.ticket();
+        let ticket = super::flow::ticket(self.ctx, self.prio, self.front);
         let waited = crate::runtime::clock::now();
         let r = Box::pin(q.wait(&ticket, &mut self.place)).await;
         self.ctx.tags.add_waited(waited.elapsed());
         self.turn = r.is_ok();
-        let pool = || self.ctx.route.pool.name.to_string();
-        r.map_err(|e| match e {
-            QueueError::Full => GatewayError::QueueFull(pool()),
-            QueueError::Timeout => GatewayError::QueueTimeout(pool()),
-            QueueError::Evicted => GatewayError::QueueEvicted(pool()),
-        })
-    }
-
-    /// What this request brings to the queue: class, fairness flow and weight,
-    /// token cost (prompt estimate + `max_tokens` or the expected output), bytes.
-    fn ticket(&self) -> Ticket<'c> {
-        let ctx = self.ctx;
-        let flow_cfg = ctx.route.pool.config.flow.as_ref();
-        let flow: &'c str = match flow_cfg.map(|f| &f.fairness_key) {
-            Some(FairnessKey::Header(h)) => ctx
-                .parts
-                .headers
-                .get(h.as_str())
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or(""),
-            _ => &ctx.tags.tenant.name,
-        };
-        let expected = flow_cfg.map_or(crate::config::flow::DEFAULT_EXPECTED_OUTPUT_TOKENS, |f| {
-            f.expected_output_tokens
-        });
-        Ticket {
-            prio: self.prio,
-            flow,
-            weight: flow_cfg.map_or(1.0, |f| f.weight(flow)),
-            cost: ctx.size(0).tokens + ctx.info.max_tokens.unwrap_or(expected),
-            bytes: ctx.body.len() as u64,
-            front: self.front,
-        }
+        r.map_err(|e| super::flow::queue_error(self.ctx, e))
     }
 
     /// A pick succeeded: if it came from the queue, leave it (handing the turn
@@ -270,7 +245,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
         if let (Some(q), Some(place)) = (queue, self.place.take()) {
             counter!(names::FLOW_DISPATCHED_TOKENS_TOTAL, names::L_POOL => self.pool_label.clone(),
                 names::L_TENANT => self.ctx.tags.tenant_label.clone())
-            .increment(self.ticket().cost);
+            .increment(super::flow::ticket(self.ctx, self.prio, false).cost);
             q.dispatched(Some(place));
         }
     }

@@ -256,6 +256,10 @@ impl GatewayError {
             ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),
             ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
             InvalidResidency { .. } => (None, Some("invalid_residency")),
+            // Shed by flow control: the code names why (the `reason` label).
+            QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) | Preempted(_) => {
+                (None, Some(self.reason()))
+            }
             _ => (None, None),
         }
     }

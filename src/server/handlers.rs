@@ -418,6 +418,7 @@ impl<'a> Inbound<'a> {
             global: &self.snap.config.global,
             pinned: None,
             upload: None,
+            registry: Some(&self.gw.registry),
         }
     }
 

@@ -7,9 +7,12 @@
 //! class; optionally a waiting request preempts a lower-class one that has not
 //! answered yet.
 //!
-//! A woken waiter is granted the turn, not a worker: it picks again, and if the
-//! capacity is gone by then it goes back to its place (its tag is kept). New
-//! requests never pass a waiter of their class or above.
+//! A woken waiter is granted *the turn*, not a worker: it picks again, and if
+//! the capacity is gone by then it goes back to its place (its tag is kept).
+//! One turn is out at a time: a release while it is out is remembered and
+//! replayed when the turn comes back, so a slot freed meanwhile goes to the head
+//! of the queue, never to whoever happened to be woken second. New requests
+//! never pass a waiter of their class or above.
 
 pub mod saturation;
 pub mod wfq;
@@ -83,6 +86,21 @@ struct Inner {
     bytes: u64,
     running: BTreeMap<u64, Running>,
     next_running: u64,
+    /// Who holds the turn (class, tag), if anyone.
+    turn: Option<(Priority, Tag)>,
+    /// A release came while the turn was out.
+    again: bool,
+}
+
+impl Inner {
+    /// Take the turn back from `p` if it holds it; whether a release is owed.
+    fn return_turn(&mut self, p: &Place<'_>) -> bool {
+        if self.turn != Some((p.prio, p.tag)) {
+            return false;
+        }
+        self.turn = None;
+        std::mem::take(&mut self.again)
+    }
 }
 
 /// One pool's flow-control queue.
@@ -133,6 +151,8 @@ impl FlowQueue {
                 bytes: 0,
                 running: BTreeMap::new(),
                 next_running: 0,
+                turn: None,
+                again: false,
             }),
             pending: Default::default(),
             queued: AtomicUsize::new(0),
@@ -170,19 +190,24 @@ impl FlowQueue {
         place: &mut Option<Place<'q>>,
     ) -> Result<(), QueueError> {
         let (tx, rx) = oneshot::channel();
-        let (deadline, prio) = {
+        let (deadline, prio, owed) = {
             let mut inner = self.inner.lock();
             if place.is_none() {
                 *place = Some(self.admit(&mut inner, ticket)?);
             }
             let p = place.as_ref().expect("admitted");
+            // Back from a turn that found no room: hand the turn back.
+            let owed = inner.return_turn(p);
             inner.classes[p.prio as usize].insert(p.tag, Entry { tx, bytes: p.bytes });
             inner.count += 1;
             inner.bytes += p.bytes;
             self.queued.fetch_add(1, Ordering::Relaxed);
-            (p.started + self.limits.ttl[p.prio as usize], p.prio)
+            (p.started + self.limits.ttl[p.prio as usize], p.prio, owed)
         };
         self.set_depth(prio);
+        if owed {
+            self.release();
+        }
         if self.limits.preemption != Preemption::Off {
             self.preempt_below(prio);
         }
@@ -249,12 +274,17 @@ impl FlowQueue {
         why
     }
 
-    /// Wake the first waiter of the highest class that has one.
+    /// Give the turn to the first waiter of the highest class that has one (or,
+    /// while the turn is out, remember to once it comes back).
     pub fn release(&self) {
         if self.queued.load(Ordering::Acquire) == 0 {
             return;
         }
         let mut inner = self.inner.lock();
+        if inner.turn.is_some() {
+            inner.again = true;
+            return;
+        }
         for class in 0..4 {
             while let Some((tag, e)) = inner.classes[class].pop_first() {
                 inner.count -= 1;
@@ -262,6 +292,7 @@ impl FlowQueue {
                 self.queued.fetch_sub(1, Ordering::Relaxed);
                 if e.tx.send(Grant::Go).is_ok() {
                     inner.wfq[class].served(tag);
+                    inner.turn = Some((Priority::ALL[class], tag));
                     drop(inner);
                     self.set_depth(Priority::ALL[class]);
                     return;
@@ -279,6 +310,7 @@ impl FlowQueue {
             histogram!(names::QUEUE_WAIT_SECONDS, names::L_POOL => self.pool.clone(),
                 names::L_CLASS => p.prio.as_str())
             .record(p.started.elapsed().as_secs_f64());
+            // Dropping the place returns the turn; pass it on (maybe more room).
             drop(p);
             self.release();
         }
@@ -338,12 +370,19 @@ impl Drop for Place<'_> {
         let q = self.queue;
         q.pending[self.prio as usize].fetch_sub(1, Ordering::AcqRel);
         let mut inner = q.inner.lock();
-        if let Some(e) = inner.classes[self.prio as usize].remove(&self.tag) {
+        let owed = inner.return_turn(self);
+        let removed = inner.classes[self.prio as usize].remove(&self.tag);
+        if let Some(e) = &removed {
             inner.count -= 1;
             inner.bytes -= e.bytes;
             q.queued.fetch_sub(1, Ordering::Relaxed);
-            drop(inner);
+        }
+        drop(inner);
+        if removed.is_some() {
             q.set_depth(self.prio);
+        }
+        if owed {
+            q.release();
         }
     }
 }
