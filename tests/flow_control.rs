@@ -479,7 +479,8 @@ async fn a_pool_with_no_ready_worker_waits_for_one_and_asks_for_a_replica() {
         "flow-zero",
         &[&first],
         "",
-        "[pools.flow_control]\nscale_from_zero = true\nttl_ms = { normal = 60000 }",
+        "[pools.flow_control]\nscale_from_zero = true\nttl_ms = { normal = 60000 }\n\
+         [scaling]\nmin_replicas = 0\nscale_down_stabilization_ms = 0",
     )
     .await;
     let admin = gw.admin.clone().expect("admin listener");
@@ -493,6 +494,13 @@ async fn a_pool_with_no_ready_worker_waits_for_one_and_asks_for_a_replica() {
         .await
         .unwrap();
     assert!(r.status().is_success());
+    let desired = |m: &str| metric_sum(m, "switchyard_pool_desired_replicas", &[("pool", "p")]);
+    eventually(
+        Duration::from_secs(20),
+        "no replica wanted while idle",
+        || async { (desired(&scrape(&gw.url).await) == 0.0).then_some(()) },
+    )
+    .await;
     let held = {
         let url = gw.url.clone();
         tokio::spawn(async move { post(&url, &[], &body(4, 3, false)).await.0 })
