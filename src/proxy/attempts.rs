@@ -195,8 +195,12 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 continue;
             }
             self.pick_start = self.ctx.tags.tracing().then(crate::runtime::clock::now);
-            let now = crate::runtime::clock::now_ms();
             let cfg = &route.pool.config;
+            // Only the stats-based saturation rules need the clock.
+            let now = cfg
+                .flow
+                .as_ref()
+                .map_or(0, |_| crate::runtime::clock::now_ms());
             let accept =
                 |i: usize| self.eligible(i) && saturation::has_room(cfg, &route.workers[i], now);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {

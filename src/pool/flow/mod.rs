@@ -190,9 +190,10 @@ impl FlowQueue {
         place: &mut Option<Place<'q>>,
     ) -> Result<(), QueueError> {
         let (tx, rx) = oneshot::channel();
+        let first = place.is_none();
         let (deadline, prio, owed) = {
             let mut inner = self.inner.lock();
-            if place.is_none() {
+            if first {
                 *place = Some(self.admit(&mut inner, ticket)?);
             }
             let p = place.as_ref().expect("admitted");
@@ -208,7 +209,8 @@ impl FlowQueue {
         if owed {
             self.release();
         }
-        if self.limits.preemption != Preemption::Off {
+        // One preemption per waiter, when it first queues.
+        if first && self.limits.preemption != Preemption::Off {
             self.preempt_below(prio);
         }
         match tokio::time::timeout_at(deadline, rx).await {

@@ -148,3 +148,30 @@ async fn a_waiter_keeps_its_place_and_a_new_wait_preempts_below() {
     q.release();
     w.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_preempts_once_and_only_lower_classes() {
+    let q = queue(8, 1 << 20, 10_000);
+    let (_low, mut low_rx) = q.preemptible(Priority::Low);
+    let (_normal, mut normal_rx) = q.preemptible(Priority::Normal);
+    let (_high, mut high_rx) = q.preemptible(Priority::High);
+    let q2 = q.clone();
+    let w = tokio::spawn(async move {
+        let mut place = None;
+        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place)
+            .await?;
+        // Granted, found no room, back to its place: no second preemption.
+        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place)
+            .await
+    });
+    tokio::task::yield_now().await;
+    // The lowest class goes first; the same class and above are never touched.
+    assert!(low_rx.try_recv().is_ok());
+    q.release();
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
+    assert!(normal_rx.try_recv().is_err(), "one preemption per waiter");
+    assert!(high_rx.try_recv().is_err());
+    q.release();
+    w.await.unwrap().unwrap();
+}
