@@ -11,8 +11,9 @@ use switchyard::config;
 use switchyard::epp::pick;
 use switchyard::pool::stats::{now_ms, parse_metrics};
 use switchyard::pool::Registry;
+use switchyard::routes::RouteTable;
 
-fn registry(n: usize) -> std::sync::Arc<Registry> {
+fn routes(n: usize) -> std::sync::Arc<RouteTable> {
     let workers: Vec<String> = (0..n)
         .map(|i| format!("{{ url = \"http://10.0.{}.{}:8000\" }}", i / 256, i % 256))
         .collect();
@@ -30,7 +31,7 @@ fn registry(n: usize) -> std::sync::Arc<Registry> {
         );
         w.state.stats.store(&parse_metrics(&text), now_ms());
     }
-    reg
+    RouteTable::follow(&reg)
 }
 
 /// A chat request whose system prompt is number `k` (8k characters).
@@ -48,8 +49,8 @@ fn body(k: usize) -> Bytes {
 fn decision(c: &mut Criterion) {
     let mut g = c.benchmark_group("epp_decision_8k_prompt");
     for n in [8usize, 64, 256] {
-        let reg = registry(n);
-        let snap = reg.snapshot();
+        let table = routes(n);
+        let snap = table.snapshot();
         let bodies: Vec<Bytes> = (0..512).map(body).collect();
         let headers = http::HeaderMap::new();
         let mut k = 0usize;

@@ -105,6 +105,15 @@ def reference_problems(objects):
     roles = {(r["metadata"]["namespace"], tuple(r["rules"][0]["verbs"])) for r in by_kind(objects, "Role")}
     if {ns for ns, _ in roles} != watched or any(v != ("list", "watch") for _, v in roles):
         problems.append(f"RBAC roles {sorted(roles)} do not grant list/watch on pods in exactly {sorted(watched)}")
+    followed = {p["kubernetes"]["namespace"] for p in toml_loads(config).get("pools", [])
+                if p.get("kubernetes", {}).get("inference_pool")}
+    granted = {r["metadata"]["namespace"] for r in by_kind(objects, "Role")
+               if any("inferencepools" in rule.get("resources", []) for rule in r["rules"])}
+    if granted != followed:
+        problems.append(f"RBAC grants InferencePool list/watch in {sorted(granted)}, pools follow them in {sorted(followed)}")
+    if "epp" in container["args"] and not any(p.get("name") == "grpc" for s in by_kind(objects, "Service")
+                                              for p in s["spec"]["ports"]):
+        problems.append("epp mode without a grpc Service port")
     return problems
 
 
@@ -130,6 +139,17 @@ def config_problems(objects, binary):
     return []
 
 
+def args_problems(objects, binary):
+    """Flags in the container's args that the binary's subcommand does not take."""
+    (deploy,) = by_kind(objects, "Deployment")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    sub = next(a for a in args if not a.startswith("-") and a in ("serve", "epp"))
+    helptext = subprocess.run([binary, sub, "--help"], capture_output=True, text=True).stdout
+    helptext += subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
+    return [f"`{a}` is not a flag of `switchyard {sub}`" for a in args
+            if a.startswith("--") and f"{a} " not in helptext and f"{a}=" not in helptext]
+
+
 def subset_problems(given, rendered, path="config"):
     """Where the rendered TOML lost or changed a value given in `config` (the chart's
     own TOML emitter: numbers, quoting, nesting)."""
@@ -148,7 +168,8 @@ def subset_problems(given, rendered, path="config"):
 
 def check(values, label, binary):
     objects = render(values)
-    problems = schema_problems(objects) + reference_problems(objects) + config_problems(objects, binary)
+    problems = (schema_problems(objects) + reference_problems(objects)
+                + config_problems(objects, binary) + args_problems(objects, binary))
     with helm.Chart.load(str(CHART)) as chart:
         merged = chart.merge_values(values)
     problems += subset_problems(merged["config"], toml_loads(config_text(objects)))
@@ -177,6 +198,10 @@ def negative(defaults, binary):
         missed.append("reference check accepted a Service that selects no gateway pod")
     if not subset_problems({"pools": [{"port": 8000}]}, {"pools": [{"port": 8000.5}]}):
         missed.append("round-trip check accepted a changed number")
+    broken = copy.deepcopy(objects)
+    next(o for _, o in broken if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"].append("--grpc-lisen")
+    if not args_problems(broken, binary):
+        missed.append("args check accepted an unknown flag")
     bad_values = {"config": {"server": {"drain_timeout_ms": "soon", "lisen": "x"}}}
     if not config_problems(render(bad_values), binary):
         missed.append("check-config accepted a config with an unknown key and a string duration")

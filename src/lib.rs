@@ -17,6 +17,7 @@ pub mod epp;
 pub mod kv_events;
 pub mod pool;
 pub mod proxy;
+pub mod routes;
 pub mod routing;
 pub mod runtime;
 pub mod server;

@@ -142,7 +142,7 @@ fn raise_open_file_limit() {
 /// stdout what is missing (a worker whose models cannot be discovered, a pool
 /// with no available worker), so a first run does not look ready when it is not.
 fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAddr) {
-    let snap = gw.registry.snapshot();
+    let snap = gw.routes.snapshot();
     let scheme = gw.scheme();
     if snap.is_ready() {
         println!("switchyard ready url={scheme}://{addr}");
@@ -156,7 +156,7 @@ fn announce_ready(gw: std::sync::Arc<server::Gateway>, addr: std::net::SocketAdd
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
         loop {
             tick.tick().await;
-            if gw.registry.snapshot().is_ready() {
+            if gw.routes.snapshot().is_ready() {
                 println!("switchyard ready url={scheme}://{addr}");
                 return;
             }

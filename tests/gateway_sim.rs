@@ -94,12 +94,17 @@ async fn metrics_match_the_traffic_sent() {
             .as_f64()
             .unwrap_or(0.0);
     }
-    // A stream without include_usage: output counted from events.
-    stream_text(
-        &url,
-        json!({"model": model, "stream": true, "max_tokens": 5, "messages": [{"role":"user","content":"x"}]}),
-    )
-    .await;
+    // A stream without include_usage: the gateway asks the engine for usage
+    // anyway, so its tokens count exactly (the engine's count, asked afterwards).
+    let quiet = json!({"model": model, "stream": true, "max_tokens": 5, "messages": [{"role":"user","content":"x"}]});
+    stream_text(&url, quiet.clone()).await;
+    let mut asked = quiet;
+    asked["stream_options"] = json!({"include_usage": true});
+    let (_, direct) = stream_text(&s[0].url(), asked).await;
+    let usage_line = direct.lines().find(|l| l.contains("\"usage\":{")).unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(usage_line.trim_start_matches("data: ")).unwrap();
+    prompt_tokens += v["usage"]["prompt_tokens"].as_f64().unwrap();
     // A non-streamed response (Content-Length body): usage is read from its end.
     let v: serde_json::Value = client()
         .post(format!("{url}/v1/chat/completions"))

@@ -336,7 +336,7 @@ async fn ready_explains_a_worker_whose_models_cannot_be_discovered() {
         "[[pools]]\nname = \"cli\"\nworkers = [{{ url = \"{dead}\" }}]\n"
     ))
     .await;
-    let snap = gw.gateway.registry.snapshot();
+    let snap = gw.gateway.routes.snapshot();
     assert!(!snap.is_ready());
     let why = snap.unready_reasons().join("; ");
     assert!(why.contains("pool `cli` serves no model yet"), "{why}");

@@ -2,7 +2,7 @@
 //! lower layers. This reads every source file's `crate::…` paths and fails on an
 //! edge that points up or sideways, naming the file and line.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Layer of each top-level module: higher layers may use lower ones.
@@ -18,17 +18,13 @@ const LAYERS: &[(&str, u8)] = &[
     ("pool", 4),
     ("routing", 5),
     ("tenancy", 5),
-    ("proxy", 6),
-    ("server", 7),
-    ("cli", 8),
-    ("demo", 8),
-    ("epp", 9),
+    ("routes", 6),
+    ("proxy", 7),
+    ("server", 8),
+    ("cli", 9),
+    ("demo", 9),
+    ("epp", 10),
 ];
-
-/// Edges that still point up, to be removed by the request-path redesign. The
-/// test fails when one of them is gone, so the list only shrinks.
-const KNOWN_UPWARD: &[(&str, &str, &str)] =
-    &[("pool", "routing", "the registry builds each route's policy")];
 
 fn layer(m: &str) -> Option<u8> {
     LAYERS.iter().find(|(n, _)| *n == m).map(|(_, l)| *l)
@@ -103,28 +99,15 @@ fn module_dependencies_point_down() {
             }
         }
     }
-    let mut wrong = Vec::new();
-    let mut seen_known = BTreeSet::new();
-    for ((from, to), at) in &edges {
-        if layer(to) < layer(from) {
-            continue;
-        }
-        if KNOWN_UPWARD.iter().any(|(f, t, _)| f == from && t == to) {
-            seen_known.insert((from.as_str(), to.as_str()));
-            continue;
-        }
-        wrong.push(format!("{from} -> {to} ({at})"));
-    }
+    let wrong: Vec<String> = edges
+        .iter()
+        .filter(|((from, to), _)| layer(to) >= layer(from))
+        .map(|((from, to), at)| format!("{from} -> {to} ({at})"))
+        .collect();
     assert!(
         wrong.is_empty(),
         "dependencies that point up or sideways: {wrong:#?}"
     );
-    for (from, to, why) in KNOWN_UPWARD {
-        assert!(
-            seen_known.contains(&(*from, *to)),
-            "{from} -> {to} ({why}) is gone: remove it from KNOWN_UPWARD"
-        );
-    }
 }
 
 #[test]

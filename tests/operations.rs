@@ -209,7 +209,7 @@ async fn reload_under_load_fails_nothing() {
         s[2].requests_received() > mark,
         "the new worker serves after reload"
     );
-    let snap = gw.gateway.registry.snapshot();
+    let snap = gw.gateway.routes.snapshot();
     let r = snap.route(&model).unwrap();
     assert_eq!(r.policy.name(), "random");
     assert!(r.workers.iter().all(|w| *w.id != u[0]));

@@ -56,6 +56,11 @@ impl Endpoint {
     pub fn is_anthropic(self) -> bool {
         matches!(self, Endpoint::Messages | Endpoint::CountTokens)
     }
+
+    /// Answers carry token usage (and are billed on it).
+    pub fn carries_usage(self) -> bool {
+        !matches!(self, Endpoint::CountTokens | Endpoint::Other)
+    }
 }
 
 /// Engine endpoints outside `/v1/{chat/completions,completions,embeddings,
@@ -78,6 +83,9 @@ pub struct RequestInfo {
     pub model: Option<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The body has a `stream_options` key (even `null`): an edit must merge
+    /// into it rather than add a second one.
+    pub has_stream_options: bool,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
     pub max_tokens: Option<u64>,
@@ -97,8 +105,8 @@ struct Probe<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(default)]
     stream: Option<bool>,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
+    #[serde(default, deserialize_with = "present")]
+    stream_options: Option<Option<StreamOptions>>,
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -123,6 +131,16 @@ struct Probe<'a> {
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
+}
+
+/// A field that is there, even as `null` (`Some(None)`), apart from one that is
+/// absent (`None`, from `default`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// Why a body could not be inspected.
@@ -199,8 +217,10 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
         stream: p.stream.unwrap_or(false),
         include_usage: p
             .stream_options
-            .and_then(|o| o.include_usage)
+            .as_ref()
+            .and_then(|o| o.as_ref()?.include_usage)
             .unwrap_or(false),
+        has_stream_options: p.stream_options.is_some(),
         user: p.user.map(Cow::into_owned),
         cache_salt: p.cache_salt.map(Cow::into_owned),
         max_tokens: p.max_completion_tokens.or(p.max_tokens),
@@ -311,13 +331,24 @@ mod tests {
         );
         let i = inspect(&body).unwrap();
         assert_eq!(i.model.as_deref(), Some("m"));
-        assert!(i.stream && i.include_usage);
+        assert!(i.stream && i.include_usage && i.has_stream_options);
         assert_eq!(i.user.as_deref(), Some("u1"));
         assert_eq!(i.max_tokens, Some(7));
         assert_eq!(
             &i.routing_text.unwrap()[..],
             br#"[{"role":"user","content":"hi"}]"#
         );
+    }
+
+    #[test]
+    fn stream_options_present_even_as_null() {
+        let info = |b: &'static [u8]| inspect(&Bytes::from_static(b)).unwrap();
+        let absent = info(br#"{"model":"m","stream":true}"#);
+        assert!(!absent.has_stream_options && !absent.include_usage);
+        let null = info(br#"{"model":"m","stream":true,"stream_options":null}"#);
+        assert!(null.has_stream_options && !null.include_usage);
+        let other = info(br#"{"stream_options":{"include_obfuscation":false}}"#);
+        assert!(other.has_stream_options && !other.include_usage);
     }
 
     #[test]

@@ -607,6 +607,9 @@ pub struct PoolConfig {
     pub kv_events: KvEventsConfig,
     /// `sglang` when set so, or when the pool disaggregates SGLang-style.
     pub engine: EngineKind,
+    /// Streamed chat/completions requests ask the engine for usage (billing is
+    /// exact); the usage chunk is stripped for clients that did not ask.
+    pub request_usage: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -1211,6 +1214,7 @@ fn validate_pool(
             p,
         ),
         engine,
+        request_usage: rp.request_usage.unwrap_or(true),
     };
     (pool, indices)
 }

@@ -186,6 +186,9 @@ pub struct RawPool {
     /// The engine the workers run: `vllm` (default) or `sglang` (a client that
     /// leaves gets its request aborted with `POST /abort_request`).
     pub engine: Option<String>,
+    /// Ask the engines for usage on every streamed request (`stream_options.
+    /// include_usage`), stripping it from streams whose client did not ask; default true.
+    pub request_usage: Option<bool>,
     /// Workers from Kubernetes: Ready pods matching a label selector in a namespace.
     pub kubernetes: Option<RawKubernetes>,
     /// `[pools.routing]`: settings of the routing policy and the stats poller.

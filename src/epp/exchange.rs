@@ -18,10 +18,11 @@
 use super::pick::{self, Choice};
 use super::reply::{self, Route, Side};
 use crate::api::Endpoint;
-use crate::pool::{InFlightGuard, ModelRoute};
+use crate::pool::InFlightGuard;
 use crate::proxy::observe::{ObserveParams, ResponseObserver};
 use crate::proxy::GatewayError;
 use crate::proxy::RequestTags;
+use crate::routes::ModelRoute;
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::server::Gateway;
 use crate::telemetry::trace::TraceContext;
@@ -186,7 +187,7 @@ impl Exchange {
 
     /// No body to route on: the worker the request's path hashes to.
     fn route_by_path(&mut self) -> Vec<ProcessingResponse> {
-        let snap = self.shared.gw.registry.snapshot();
+        let snap = self.shared.gw.routes.snapshot();
         match pick::by_path(&snap, &self.path) {
             Some(w) => {
                 let ep = pick::endpoint(&w);
@@ -265,7 +266,7 @@ impl Exchange {
     /// timed; the picked worker counts the request in flight from here.
     fn decide(&mut self, body: &Bytes) -> Result<Choice, GatewayError> {
         let gw = &self.shared.gw;
-        let snap = gw.registry.snapshot();
+        let snap = gw.routes.snapshot();
         let tenant = gw
             .tenancy
             .load()
@@ -407,6 +408,9 @@ impl Exchange {
             // The picker does not hold the upstream connection: Envoy does.
             cancel: None,
             anthropic_errors: false,
+            // Envoy sends the body as the client wrote it: usage is the engine's
+            // when the client asked for it, and not estimated here.
+            prompt_estimate: None,
         })
     }
 

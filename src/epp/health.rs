@@ -24,7 +24,7 @@ pub fn service(gw: Arc<Gateway>) -> HealthServer<impl Health> {
         let mut tick = tokio::time::interval(REFRESH);
         loop {
             tick.tick().await;
-            let ready = gw.registry.snapshot().is_ready();
+            let ready = gw.routes.snapshot().is_ready();
             if last == Some(ready) {
                 continue;
             }

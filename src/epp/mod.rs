@@ -142,7 +142,7 @@ async fn announce_ready(h: &PickerHandle) {
         "switchyard epp ready grpc={} url=http://{}",
         h.grpc_addr, h.http_addr
     );
-    let snap = h.gateway.registry.snapshot();
+    let snap = h.gateway.routes.snapshot();
     if !snap.is_ready() {
         println!(
             "switchyard epp listening grpc={}, not ready: {}",
@@ -155,7 +155,7 @@ async fn announce_ready(h: &PickerHandle) {
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(200));
         loop {
             tick.tick().await;
-            if gw.registry.snapshot().is_ready() {
+            if gw.routes.snapshot().is_ready() {
                 println!("{line}");
                 return;
             }
@@ -185,7 +185,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
 }
 
 async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    if gw.registry.snapshot().is_ready() {
+    if gw.routes.snapshot().is_ready() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()

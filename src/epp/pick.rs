@@ -5,8 +5,9 @@
 
 use crate::api::{self, RequestInfo};
 use crate::config::Residency;
-use crate::pool::{ModelRoute, RequestSize, Role, Snapshot, Worker};
+use crate::pool::{RequestSize, Role, Worker};
 use crate::proxy::{self, GatewayError, POLICY_HEADER, SESSION_HEADER};
+use crate::routes::{ModelRoute, Snapshot};
 use crate::routing::{Decision, Policy, RouteRequest};
 use bytes::Bytes;
 use http::HeaderMap;

@@ -4,7 +4,7 @@
 //! the dashboard, the admin API and the pool gauges.
 
 use super::scaling::{Recommendation, Scaler, ScalingInput};
-use super::{PoolRuntime, Registry, Snapshot, Worker};
+use super::{PoolRuntime, PoolSet, Registry, Worker};
 use crate::config::observability::{ObservabilityConfig, ScalingTargets};
 use crate::telemetry::labels::{REGION_LABEL_KEY, UNKNOWN_REGION};
 use crate::telemetry::sinks::{self, throughput::Throughput, Sinks};
@@ -115,7 +115,7 @@ impl Fleet {
     }
 
     /// Rebuild the view from the snapshot and the measured rates.
-    pub fn tick(&self, now: Instant, snap: &Snapshot, rates: &Throughput) {
+    pub fn tick(&self, now: Instant, snap: &PoolSet, rates: &Throughput) {
         let mut st = self.tick.lock();
         let cfg = &snap.config.observability;
         let mut view = FleetView {

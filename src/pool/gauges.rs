@@ -1,13 +1,12 @@
-//! Scrape-time gauges read from the snapshot: each worker's live state and load,
-//! and each pool's prefix-index memory.
+//! Scrape-time gauges read from the pool set: each worker's live state and load.
 
-use super::Snapshot;
+use super::PoolSet;
 use crate::telemetry::names;
-use metrics::{counter, gauge, SharedString};
+use metrics::{gauge, SharedString};
 use std::sync::atomic::Ordering;
 
-/// Set the worker and prefix-index gauges from their atomics.
-pub fn refresh(snap: &Snapshot) {
+/// Set the worker gauges from their atomics.
+pub fn refresh(snap: &PoolSet) {
     let now = crate::runtime::clock::now_ms();
     for w in snap.workers() {
         let id = SharedString::from(w.id.clone());
@@ -38,17 +37,5 @@ pub fn refresh(snap: &Snapshot) {
             names::WORKER_STATS_AGE_SECONDS,
             st.age_ms(now).map_or(-1.0, |a| a as f64 / 1000.0),
         );
-    }
-    for p in &snap.pools {
-        if let Some(ix) = &p.prefix_index {
-            let pool = SharedString::from(p.name.clone());
-            let m = ix.memory();
-            gauge!(names::PREFIX_INDEX_ENTRIES, names::L_POOL => pool.clone())
-                .set(m.entries as f64);
-            gauge!(names::PREFIX_INDEX_PAIRS, names::L_POOL => pool.clone()).set(m.pairs as f64);
-            gauge!(names::PREFIX_INDEX_BYTES, names::L_POOL => pool.clone()).set(m.bytes as f64);
-            counter!(names::PREFIX_INDEX_EVICTIONS_TOTAL, names::L_POOL => pool)
-                .absolute(m.evictions);
-        }
     }
 }

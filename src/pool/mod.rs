@@ -1,6 +1,7 @@
-//! The worker registry: who the workers are, what they serve, and their live
-//! counters. Requests read an immutable [`Snapshot`] through `ArcSwap`; background
-//! tasks (model discovery, later stats and health) build and swap a new one.
+//! The pools and their workers: who the workers are, what they serve, and their
+//! live counters. An immutable [`PoolSet`] is swapped through `ArcSwap` when
+//! the config or a worker list changes; background tasks (discovery, health,
+//! stats) keep the workers' state current.
 
 pub mod discovery;
 mod dns;
@@ -19,6 +20,6 @@ pub use discovery::spawn_model_discovery;
 pub use dns::spawn_dns_discovery;
 pub use health::spawn_health_checks;
 pub use k8s::spawn_k8s_discovery;
-pub use registry::{ModelRoute, PoolRuntime, Registry, Resolved, Snapshot, SplitRoute};
+pub use registry::{PoolRuntime, PoolSet, Registry};
 pub use stats::spawn_stats_poller;
 pub use worker::{InFlightGuard, RequestSize, Reservation, Role, Worker, WorkerState};

@@ -518,7 +518,7 @@ struct PollCtl {
     auth: arc_swap::ArcSwapOption<http::HeaderValue>,
 }
 
-/// Start the stats poller: a supervisor that re-reads the registry's snapshot every
+/// Start the stats poller: a supervisor that re-reads the registry's pool set every
 /// [`SUPERVISE_EVERY`] and keeps one scrape task per distinct worker, at the
 /// smallest `stats_interval` of the pools the worker belongs to.
 pub fn spawn_stats_poller(

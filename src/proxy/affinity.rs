@@ -14,7 +14,7 @@
 //! holding back at most a partial match at the end of a chunk, so streamed
 //! events are never buffered.
 
-use crate::pool::{ModelRoute, Snapshot};
+use crate::routes::{ModelRoute, Snapshot};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;

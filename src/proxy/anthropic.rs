@@ -3,15 +3,13 @@
 //! (observed first, so telemetry reads the chat shape it knows) is turned
 //! back into a Messages answer, event stream or error.
 
-use crate::api::anthropic::{error, request, response, stream::StreamTranslator};
+use crate::api::anthropic::{error, response, stream::StreamTranslator};
 use crate::api::Endpoint;
 use crate::config::{AnthropicMode, PoolConfig};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-
-use super::GatewayError;
 
 /// The path a translated Messages request takes upstream.
 pub(crate) const CHAT_PATH: &str = "/v1/chat/completions";
@@ -21,26 +19,6 @@ const MAX_WHOLE_BYTES: usize = 32 << 20;
 /// Does `pool` translate requests that came in on `endpoint`?
 pub(crate) fn translates(pool: &PoolConfig, endpoint: Endpoint) -> bool {
     endpoint == Endpoint::Messages && pool.anthropic == AnthropicMode::Translate
-}
-
-/// The request body as `pool` takes it: the model renamed for its upstream,
-/// and a Messages request translated when the pool translates.
-pub fn pool_body(
-    body: &Bytes,
-    pool: &PoolConfig,
-    endpoint: Endpoint,
-) -> Result<Bytes, GatewayError> {
-    let body = super::rewrite_model(body, pool.upstream_model.as_deref())?;
-    if endpoint == Endpoint::CountTokens && pool.anthropic == AnthropicMode::Translate {
-        return Err(GatewayError::NotSupported(format!(
-            "count_tokens is not available on pool `{}`: its engines do not serve the Messages API",
-            pool.name
-        )));
-    }
-    if !translates(pool, endpoint) {
-        return Ok(body);
-    }
-    request::to_chat(&body).map_err(GatewayError::InvalidRequest)
 }
 
 enum Mode {

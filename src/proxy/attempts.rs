@@ -12,7 +12,8 @@ use super::forward::{
 };
 use crate::config::HealthConfig;
 use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority};
-use crate::pool::{InFlightGuard, ModelRoute, Role};
+use crate::pool::{InFlightGuard, Role};
+use crate::routes::ModelRoute;
 use crate::routing::{Decision, Policy, Reason, RouteRequest};
 use crate::telemetry;
 use crate::telemetry::names;

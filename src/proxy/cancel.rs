@@ -6,45 +6,16 @@
 //! (both legs of a disaggregated one). Counted per worker in
 //! `switchyard_cancellations_total`.
 
-use crate::api::Endpoint;
 use crate::config::{EngineKind, PoolConfig};
 use crate::telemetry::names;
 use crate::upstream::{UpstreamBody, UpstreamClient};
 use bytes::Bytes;
 use http::HeaderValue;
-use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// An abort call that is not answered in this time is given up (and counted).
 const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The body an SGLang pool gets for a generation `endpoint`: `rid` set to the
-/// request id unless the client set one; anything else is unchanged (no copy).
-pub fn with_rid(
-    body: Bytes,
-    pool: &PoolConfig,
-    endpoint: Endpoint,
-    request_id: &HeaderValue,
-) -> Result<Bytes, super::GatewayError> {
-    let generates = matches!(
-        endpoint,
-        Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Responses
-    );
-    if pool.engine != EngineKind::Sglang || !generates || body.is_empty() {
-        return Ok(body);
-    }
-    let mut v: Map<String, Value> = serde_json::from_slice(&body)
-        .map_err(|e| super::GatewayError::MalformedJson(e.to_string()))?;
-    if v.get("rid").is_some_and(Value::is_string) {
-        return Ok(body);
-    }
-    let rid = request_id.to_str().unwrap_or_default().to_string();
-    v.insert("rid".into(), Value::String(rid));
-    serde_json::to_vec(&v)
-        .map(Bytes::from)
-        .map_err(|e| super::GatewayError::MalformedJson(e.to_string()))
-}
 
 /// What to do when a response is dropped before its end: for SGLang, abort the
 /// request on `workers`; count the cancellation on each.
@@ -144,37 +115,5 @@ async fn abort(
         Ok(())
     } else {
         Err(format!("answered {}", resp.status()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rid_is_set_for_sglang_pools_only_and_a_clients_rid_is_kept() {
-        let mut pool = crate::config::parse(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nworkers = [{ url = \"http://a:1\" }]\n",
-        )
-        .and_then(|r| r.validate())
-        .unwrap()
-        .pools
-        .remove(0);
-        let id = HeaderValue::from_static("req-1");
-        let body = Bytes::from_static(br#"{"model":"m"}"#);
-        let chat = Endpoint::ChatCompletions;
-        assert_eq!(with_rid(body.clone(), &pool, chat, &id).unwrap(), body);
-        pool.engine = EngineKind::Sglang;
-        assert_eq!(
-            with_rid(body.clone(), &pool, Endpoint::Other, &id).unwrap(),
-            body
-        );
-        let out = with_rid(body, &pool, chat, &id).unwrap();
-        assert_eq!(rid_of(&out).as_deref(), Some("req-1"));
-        let own = Bytes::from_static(br#"{"model":"m","rid":"mine"}"#);
-        assert_eq!(
-            rid_of(&with_rid(own, &pool, chat, &id).unwrap()).as_deref(),
-            Some("mine")
-        );
     }
 }

@@ -3,8 +3,8 @@
 //! could fix (down, saturated, upstream errors). A pool with no worker inside the
 //! request's residency is passed over, never tried.
 
-use super::{forward, pool_body, ForwardContext, GatewayError};
-use crate::pool::{ModelRoute, Snapshot};
+use super::{for_pool, forward, ForwardContext, GatewayError};
+use crate::routes::{ModelRoute, Snapshot};
 use crate::telemetry::{self, names};
 use axum::body::Body;
 use bytes::Bytes;
@@ -58,8 +58,9 @@ async fn along_chain<'a>(
         telemetry::record_fallback(&route.pool.name, &next.pool.name);
         ctx = ForwardContext {
             route: next,
-            body: super::cancel::with_rid(
-                pool_body(body, &next.pool.config, ctx.endpoint)?,
+            body: for_pool(
+                body,
+                ctx.info,
                 &next.pool.config,
                 ctx.endpoint,
                 ctx.request_id,

@@ -9,7 +9,7 @@ use super::GatewayError;
 use crate::config::flow::DEFAULT_EXPECTED_OUTPUT_TOKENS;
 use crate::config::FairnessKey;
 use crate::pool::flow::{Place, Priority, QueueError, Ticket};
-use crate::pool::ModelRoute;
+use crate::routes::ModelRoute;
 use std::sync::Arc;
 
 /// The request's class: `x-switchyard-priority`, else `normal`.
@@ -65,7 +65,7 @@ pub(super) async fn cold_start(
     ctx: &ForwardContext<'_>,
 ) -> Result<Option<Arc<ModelRoute>>, GatewayError> {
     let pool = &ctx.route.pool;
-    let (Some(q), Some(registry)) = (pool.queue.as_deref(), ctx.registry) else {
+    let (Some(q), Some(routes)) = (pool.queue.as_deref(), ctx.routes) else {
         return Ok(None);
     };
     if !pool.config.flow.as_ref().is_some_and(|f| f.scale_from_zero) || ready(ctx, ctx.route) {
@@ -79,7 +79,7 @@ pub(super) async fn cold_start(
         if let Err(e) = Box::pin(q.wait(&ticket, &mut place)).await {
             break Err(queue_error(ctx, e));
         }
-        let fresh = registry.snapshot().route(&ctx.route.model).cloned();
+        let fresh = routes.snapshot().route(&ctx.route.model).cloned();
         if let Some(route) = fresh.filter(|r| ready(ctx, r)) {
             q.dispatched(place.take());
             break Ok(Some(route));

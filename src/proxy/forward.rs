@@ -7,7 +7,8 @@ use super::observe::{ObserveParams, ObservedBody};
 use super::RequestTags;
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
-use crate::pool::{health, InFlightGuard, ModelRoute, RequestSize, Worker};
+use crate::pool::{health, InFlightGuard, RequestSize, Worker};
+use crate::routes::ModelRoute;
 use crate::routing::{Reason, RouteRequest};
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TRACEPARENT};
 use crate::telemetry::PairMetrics;
@@ -165,8 +166,8 @@ pub struct ForwardContext<'a> {
     pub pinned: Option<usize>,
     /// A streamed upload sent instead of `body` (once: no retry, no fallback).
     pub upload: Option<&'a super::upload::Upload>,
-    /// Where a request waiting for a first worker finds the current snapshot.
-    pub registry: Option<&'a crate::pool::Registry>,
+    /// Where a request waiting for a first worker finds the current routes.
+    pub routes: Option<&'a crate::routes::RouteTable>,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -551,6 +552,7 @@ pub(crate) fn respond(
             // A translated stream's errors are reshaped with the rest of it.
             anthropic_errors: ctx.endpoint.is_anthropic() && !ctx.translates(),
             cancel: cancel_for(ctx, worker, note.prefill),
+            prompt_estimate: ctx.endpoint.carries_usage().then(|| ctx.size(0).tokens),
         },
     );
     if ctx.translates() {
@@ -560,6 +562,14 @@ pub(crate) fn respond(
             parts,
             Body::new(super::anthropic::TranslatedBody::new(observed, sse, status)),
         );
+    }
+    if sse
+        && parts.status.is_success()
+        && super::usage::asks(ctx.info, &ctx.route.pool.config, ctx.endpoint)
+    {
+        // The usage chunk the gateway asked for is not the client's.
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, Body::new(super::usage::Stripped::new(observed)));
     }
     if ctx.endpoint == Endpoint::Responses {
         // Response ids carry their owner (`affinity`); the length changes.

@@ -15,15 +15,17 @@ pub mod forward;
 mod headers;
 pub mod observe;
 pub mod upload;
+mod upstream_body;
+mod usage;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};
-pub use anthropic::pool_body;
 pub use context::RequestTags;
 pub use error::GatewayError;
 pub use fallback::forward_with_fallbacks;
 pub use forward::{
     forward, ForwardContext, POLICY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER, SESSION_HEADER,
 };
+pub use upstream_body::for_pool;
 
 /// The body with `model` replaced, for pools whose upstream knows the model under
 /// another name (external providers); unchanged (no copy) otherwise.

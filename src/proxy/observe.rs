@@ -130,6 +130,9 @@ pub struct ObserveParams {
     pub cancel: Option<super::cancel::Cancel>,
     /// End a failed stream with Anthropic's `error` event instead of OpenAI's.
     pub anthropic_errors: bool,
+    /// Prompt tokens estimated from the request, counted when the answer
+    /// reports no usage (`None`: the endpoint bills no tokens).
+    pub prompt_estimate: Option<u64>,
 }
 
 /// Measurements taken from the bytes as they pass.
@@ -389,10 +392,20 @@ impl Drop for Observer {
         }
         let usage = self.usage.map(Usage::normalized);
         let u = usage.unwrap_or_default();
+        // No usage from a billed answer that got through: estimate, loudly.
+        let estimated = usage.is_none()
+            && self.p.prompt_estimate.is_some()
+            && (200..300).contains(&self.p.status);
+        if estimated {
+            super::usage::estimated(&self.p.route.pool);
+        }
         let m = RequestMetrics {
             ttft: self.first_content.map(|t| t.duration_since(self.p.start)),
             e2e: self.p.start.elapsed(),
-            prompt_tokens: usage.map(|u| u.prompt_tokens),
+            prompt_tokens: usage
+                .map(|u| u.prompt_tokens)
+                .or(self.p.prompt_estimate.filter(|_| estimated)),
+            usage_estimated: estimated,
             cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
             output_tokens: if usage.is_some() {
                 u.completion_tokens

@@ -1,6 +1,6 @@
 //! Weighted splits: one client-facing model name served by several pools by
 //! weight (canary 95/5, A/B tests). Resolved to a pool before the pool's policy
-//! runs (`pool::Snapshot::resolve`).
+//! runs (`routes::Snapshot::resolve`).
 //!
 //! * **With a session key** (`x-session-id`, else the body's `user`): weighted
 //!   rendezvous hashing — each target scores `weight / -ln(u)` with `u` a hash of

@@ -120,7 +120,7 @@ struct WorkerView {
 }
 
 async fn list(State(gw): State<Arc<Gateway>>) -> Json<serde_json::Value> {
-    let snap = gw.registry.snapshot();
+    let snap = gw.routes.snapshot();
     let mut out = Vec::new();
     for pool in &snap.pools {
         for w in &pool.workers {
@@ -193,7 +193,7 @@ async fn remove(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
 fn set_draining(gw: &Gateway, url: &str, on: bool) -> Response {
     let url = url.trim_end_matches('/');
     match gw.registry.worker_state(url) {
-        Some(s) if gw.registry.snapshot().workers().any(|w| &*w.id == url) => {
+        Some(s) if gw.routes.snapshot().workers().any(|w| &*w.id == url) => {
             s.draining.store(on, Ordering::Relaxed);
             Json(serde_json::json!({ "url": url, "draining": on, "in_flight": s.in_flight.load(Ordering::Relaxed) }))
                 .into_response()

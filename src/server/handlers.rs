@@ -3,9 +3,9 @@
 use super::{request_id, Gateway};
 use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
-use crate::pool::{ModelRoute, Snapshot};
 use crate::proxy::RequestTags;
 use crate::proxy::{self, affinity, ForwardContext, GatewayError, SESSION_HEADER};
+use crate::routes::{ModelRoute, Snapshot};
 use crate::routing::{request_residency, RESIDENCY_HEADER};
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
@@ -66,7 +66,7 @@ where
     let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
-    let snap = gw.registry.snapshot();
+    let snap = gw.routes.snapshot();
     let inbound = Inbound {
         gw: &gw,
         snap: &snap,
@@ -176,8 +176,9 @@ impl<'a> Inbound<'a> {
         }
         self.admission_span(tags, info.model.as_deref().unwrap_or_default());
         // Phase: forward, along the fallback chain.
-        let pool_body = proxy::cancel::with_rid(
-            proxy::pool_body(&body, &route.pool.config, self.endpoint)?,
+        let pool_body = proxy::for_pool(
+            &body,
+            &info,
             &route.pool.config,
             self.endpoint,
             self.request_id,
@@ -418,7 +419,7 @@ impl<'a> Inbound<'a> {
             global: &self.snap.config.global,
             pinned: None,
             upload: None,
-            registry: Some(&self.gw.registry),
+            routes: Some(&self.gw.routes),
         }
     }
 
@@ -658,7 +659,7 @@ pub async fn model(
     State(gw): State<Arc<Gateway>>,
     axum::extract::Path(id): axum::extract::Path<String>,
 ) -> Response {
-    let known = gw.registry.snapshot().model_names().contains(&id);
+    let known = gw.routes.snapshot().model_names().contains(&id);
     if known {
         let list = super::models::list(&gw).await;
         if let Some(c) = list.data.into_iter().find(|c| c.id == id) {
@@ -688,7 +689,7 @@ pub async fn health() -> &'static str {
 /// `GET /ready`: every model has a worker that can take a request, and the
 /// gateway is not shutting down.
 pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    if !gw.is_shutting_down() && gw.registry.snapshot().is_ready() {
+    if !gw.is_shutting_down() && gw.routes.snapshot().is_ready() {
         (StatusCode::OK, "ready").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
@@ -698,6 +699,7 @@ pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
 /// The exposition text: scrape-time gauges refreshed, then every family.
 pub fn metrics_text(gw: &Gateway) -> String {
     crate::pool::gauges::refresh(&gw.registry.snapshot());
+    gw.routes.refresh_gauges();
     gw.fleet.refresh_gauges();
     telemetry::render(&gw.metrics, Some(&gw.sinks))
 }

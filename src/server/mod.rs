@@ -17,6 +17,7 @@ pub use reload::{spawn_reload_triggers, Reloader};
 
 use crate::config::Config;
 use crate::pool::{self, Registry};
+use crate::routes::RouteTable;
 use crate::telemetry::{self, names};
 use crate::upstream::UpstreamClient;
 use axum::routing::{get, post};
@@ -38,7 +39,10 @@ use tokio::net::TcpListener;
 
 /// Shared state of one gateway instance.
 pub struct Gateway {
+    /// The pools and their workers (reload, admin and discovery change them).
     pub registry: Arc<Registry>,
+    /// The routes requests take, rebuilt on each change of the pools.
+    pub routes: Arc<RouteTable>,
     pub client: UpstreamClient,
     pub metrics: PrometheusHandle,
     /// Where finished requests go: metrics, cost, dashboard series, access log, traces.
@@ -58,7 +62,7 @@ impl Gateway {
     /// discovery, health checks, stats poller, telemetry).
     /// Fails only if the upstream TLS trust store cannot be built.
     pub async fn start(config: Config) -> std::io::Result<Arc<Gateway>> {
-        // The recorder first: building the registry's snapshot resolves per-(model,
+        // The recorder first: building the route table resolves per-(model,
         // worker) metric handles, which are no-ops if no recorder is installed yet.
         let metrics = telemetry::install();
         telemetry::spawn_upkeep(metrics.clone());
@@ -77,6 +81,7 @@ impl Gateway {
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
         let registry = Registry::new(config);
+        let routes = RouteTable::follow(&registry);
         pool::fleet::spawn_ticker(sinks.clone(), fleet.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
         pool::spawn_stats_poller(registry.clone(), client.clone());
@@ -85,6 +90,7 @@ impl Gateway {
         pool::spawn_k8s_discovery(&registry);
         Ok(Arc::new(Gateway {
             registry,
+            routes,
             client,
             metrics,
             sinks,

@@ -7,7 +7,8 @@
 
 use super::Gateway;
 use crate::api::models::{ModelCard, ModelList};
-use crate::pool::{discovery, Snapshot};
+use crate::pool::discovery;
+use crate::routes::Snapshot;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Every served name, with metadata.
 pub async fn list(gw: &Gateway) -> ModelList {
-    let snap = gw.registry.snapshot();
+    let snap = gw.routes.snapshot();
     let fetched = fetch(gw, &snap).await;
     ModelList::of(
         snap.model_names()

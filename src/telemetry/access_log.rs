@@ -40,6 +40,9 @@ pub struct AccessRecord {
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub output_tokens: u64,
+    /// `reported` (the answer's usage) or `estimated` (it had none); absent
+    /// when nothing was answered.
+    pub usage: Option<&'static str>,
     pub predicted_cached_tokens: Option<u64>,
     pub cost_usd: f64,
     pub request_bytes: u64,

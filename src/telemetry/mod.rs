@@ -133,6 +133,8 @@ pub struct RequestMetrics {
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub output_tokens: u64,
+    /// The answer reported no usage: the token counts are the gateway's estimate.
+    pub usage_estimated: bool,
     /// Mean gap between content events (streams with at least two).
     pub mean_itl: Option<Duration>,
     /// Body bytes sent to the client.

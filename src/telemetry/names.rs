@@ -75,6 +75,7 @@ pub const FALLBACKS_SKIPPED_TOTAL: &str = "switchyard_fallbacks_skipped_total";
 
 // ---- Observability and cost ----
 pub const COST_USD_TOTAL: &str = "switchyard_cost_usd_total";
+pub const USAGE_ESTIMATED_TOTAL: &str = "switchyard_usage_estimated_total";
 pub const GATEWAY_OVERHEAD_SECONDS: &str = "switchyard_gateway_overhead_seconds";
 pub const GATEWAY_OVERHEAD_HELP: &str = "Time a request spent in the gateway itself: arrival to response head, minus upstream waits, queue waits and retry backoff.";
 pub const PROCESS_CPU_SECONDS_TOTAL: &str = "switchyard_process_cpu_seconds_total";
@@ -187,6 +188,10 @@ pub fn describe() {
     describe_counter!(
         REQUEST_CAUSED_FAILURES_TOTAL,
         "Requests whose failure repeated on a second worker (same status, reset or timeout): taken as the request's own, not charged to worker health."
+    );
+    describe_counter!(
+        USAGE_ESTIMATED_TOTAL,
+        "Answers that reported no token usage, by pool: their prompt tokens are estimated from the request and their output tokens counted from the stream."
     );
     describe_counter!(
         FALLBACKS_TOTAL,

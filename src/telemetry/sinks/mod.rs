@@ -109,7 +109,9 @@ impl Sinks {
         let nano = self
             .costs
             .add(&pair.model, &route.region, r.tenant_label, usd);
-        if let (Some(pred), Some(_)) = (route.predicted_cached_tokens, m.prompt_tokens) {
+        // An estimate says nothing about what the engine had cached.
+        let reported = m.prompt_tokens.is_some() && !m.usage_estimated;
+        if let (Some(pred), true) = (route.predicted_cached_tokens, reported) {
             self.cache
                 .record(&route.pool, route.precise, pred, toks.cached);
         }
@@ -169,6 +171,13 @@ fn access_record(r: &RequestRecord<'_>, cost_usd: f64) -> AccessRecord {
         prompt_tokens: m.and_then(|m| m.prompt_tokens),
         cached_tokens: m.and_then(|m| m.cached_tokens),
         output_tokens: m.map_or(0, |m| m.output_tokens),
+        usage: m.filter(|m| m.prompt_tokens.is_some()).map(|m| {
+            if m.usage_estimated {
+                "estimated"
+            } else {
+                "reported"
+            }
+        }),
         predicted_cached_tokens: route.and_then(|x| x.predicted_cached_tokens),
         cost_usd,
         request_bytes: r.request_bytes,

@@ -81,6 +81,20 @@ release's. Consumers turn it back into a dict with fromJson.
 {{- end }}
 
 {{/*
+Namespaces where a pool follows an InferencePool (its watcher reads them too).
+*/}}
+{{- define "switchyard.inferencePoolNamespaces" -}}
+{{- $cfg := include "switchyard.config" . | fromJson }}
+{{- $ns := list }}
+{{- range $pool := (default list $cfg.pools) }}
+{{- if and $pool.kubernetes $pool.kubernetes.inference_pool }}
+{{- $ns = append $ns $pool.kubernetes.namespace }}
+{{- end }}
+{{- end }}
+{{- toJson (uniq $ns) }}
+{{- end }}
+
+{{/*
 terminationGracePeriodSeconds: the gateway's unready grace plus drain deadline
 (its defaults when unset: 0 and 30000 ms), rounded up, plus the margin.
 */}}
