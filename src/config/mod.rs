@@ -10,6 +10,7 @@
 //! `key.rs`. Defaults live here and nowhere else.
 
 mod edge;
+pub mod flow;
 pub mod global;
 mod key;
 pub mod kv_events;
@@ -20,6 +21,7 @@ mod read;
 mod resolve;
 mod secret;
 
+pub use flow::{FairnessKey, FlowConfig, Preemption, Priority};
 use key::Key;
 pub use kv_events::{KvEndpoints, KvEventsConfig, TokenizerConfig};
 use problems::Problems;
@@ -587,6 +589,8 @@ pub struct PoolConfig {
     pub max_concurrency_per_worker: u64,
     pub queue_size: usize,
     pub queue_timeout: Duration,
+    /// `[pools.flow_control]`; `None`: the plain concurrency-limit queue.
+    pub flow: Option<FlowConfig>,
     pub dns: Option<DnsConfig>,
     pub disaggregation: Option<DisaggConfig>,
     pub upstream_model: Option<String>,
@@ -1190,6 +1194,9 @@ fn validate_pool(
         max_concurrency_per_worker: rp.max_concurrency_per_worker.unwrap_or(0),
         queue_size: rp.queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
         queue_timeout,
+        flow: rp
+            .flow_control
+            .map(|f| flow::validate_flow(&key.field("flow_control"), f, queue_timeout, p)),
         dns,
         disaggregation,
         upstream_model: rp.upstream_model,

@@ -165,6 +165,8 @@ pub struct RawPool {
     pub queue_size: Option<usize>,
     /// Longest wait in the queue (ms); then 429.
     pub queue_timeout_ms: Option<u64>,
+    /// `[pools.flow_control]`: saturation, queue bounds, priorities, fairness.
+    pub flow_control: Option<super::flow::RawFlowControl>,
     /// Workers from DNS: every address of `name` becomes `http://ADDR:port`.
     pub dns: Option<RawDns>,
     /// Prefill/decode disaggregation (workers labelled `role = prefill|decode|both`).

@@ -3,10 +3,10 @@
 //! the config or a worker list changes; background tasks (discovery, health,
 //! stats) keep the workers' state current.
 
-pub mod admission;
 pub mod discovery;
 mod dns;
 pub mod fleet;
+pub mod flow;
 pub mod gauges;
 pub mod health;
 mod inference_pool;
@@ -22,4 +22,4 @@ pub use health::spawn_health_checks;
 pub use k8s::spawn_k8s_discovery;
 pub use registry::{PoolRuntime, PoolSet, Registry};
 pub use stats::spawn_stats_poller;
-pub use worker::{InFlightGuard, RequestSize, Role, Worker, WorkerState};
+pub use worker::{InFlightGuard, RequestSize, Reservation, Role, Worker, WorkerState};

@@ -4,7 +4,7 @@
 //! atomically as an immutable [`PoolSet`]; whoever builds on it (the route
 //! table) subscribes to the changes.
 
-use super::admission::AdmissionQueue;
+use super::flow::{saturation, FlowQueue, QueueLimits};
 use super::worker::{Worker, WorkerState};
 use crate::config::{Config, PoolConfig, WorkerConfig};
 use crate::kv_events::PoolKv;
@@ -16,6 +16,21 @@ use metrics::SharedString;
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::sync::Arc;
+
+/// The queue bounds of pool `pc` (flow-control settings, else the plain queue's).
+fn limits(pc: &PoolConfig) -> QueueLimits {
+    let flow = pc
+        .flow
+        .clone()
+        .unwrap_or_else(|| crate::config::FlowConfig::defaults(pc.queue_timeout));
+    QueueLimits {
+        max_count: pc.queue_size,
+        max_bytes: flow.max_queued_bytes,
+        ttl: flow.ttl,
+        max_flows: flow.max_flows,
+        preemption: flow.preemption,
+    }
+}
 
 /// A pool as the request path sees it.
 pub struct PoolRuntime {
@@ -29,7 +44,7 @@ pub struct PoolRuntime {
     pub kv: Option<Arc<PoolKv>>,
     pub retry_budget: Arc<RetryBudget>,
     /// Present when the pool limits concurrency per worker.
-    pub queue: Option<Arc<AdmissionQueue>>,
+    pub queue: Option<Arc<FlowQueue>>,
     /// The pool's metric handles (overhead, routing decisions).
     pub metrics: crate::telemetry::PoolMetrics,
 }
@@ -67,7 +82,7 @@ pub struct Registry {
     removed: DashMap<String, ()>,
     /// Per-pool state that outlives rebuilds.
     budgets: DashMap<String, Arc<RetryBudget>>,
-    queues: DashMap<String, Arc<AdmissionQueue>>,
+    queues: DashMap<String, Arc<FlowQueue>>,
     /// KV-event subscribers and precise index per pool name (outlive rebuilds).
     kv: DashMap<String, Arc<PoolKv>>,
 }
@@ -150,6 +165,7 @@ impl Registry {
                     && o.retry_budget_min == p.retry_budget_min
                     && o.queue_size == p.queue_size
                     && o.queue_timeout == p.queue_timeout
+                    && o.flow == p.flow
             });
             if !same {
                 self.budgets.remove(&p.name);
@@ -223,6 +239,18 @@ impl Registry {
         for f in listeners.iter() {
             f(&set);
         }
+        drop(listeners);
+        // Workers may have appeared (the routes are built by now): a waiter
+        // gets a turn to look.
+        self.kick_queues();
+    }
+
+    /// Every pool's queue gets a turn to look for room (a stats scrape landed,
+    /// the pools were rebuilt).
+    pub fn kick_queues(&self) {
+        for q in self.queues.iter() {
+            q.release();
+        }
     }
 
     /// One pool as configured now, with its workers and kept state.
@@ -243,16 +271,10 @@ impl Registry {
                 Arc::new(RetryBudget::new(pc.retry_budget_ratio, pc.retry_budget_min))
             })
             .clone();
-        let queue = (pc.max_concurrency_per_worker > 0).then(|| {
+        let queue = saturation::limits(pc).then(|| {
             self.queues
                 .entry(pc.name.clone())
-                .or_insert_with(|| {
-                    Arc::new(AdmissionQueue::new(
-                        pc.name.clone().into(),
-                        pc.queue_size,
-                        pc.queue_timeout,
-                    ))
-                })
+                .or_insert_with(|| Arc::new(FlowQueue::new(pc.name.clone().into(), limits(pc))))
                 .clone()
         });
         Arc::new(PoolRuntime {

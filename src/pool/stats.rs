@@ -267,6 +267,14 @@ pub struct Load {
     pub freshness: Freshness,
 }
 
+/// A worker's engine counts as flow control reads them ([`WorkerStats::engine_counts`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineCounts {
+    pub running: u64,
+    pub waiting: u64,
+    pub kv_usage: f64,
+}
+
 impl WorkerStats {
     /// This gateway's counters now: take it right before sending a scrape.
     pub fn mark(&self) -> ScrapeMark {
@@ -439,6 +447,32 @@ impl WorkerStats {
         }
     }
 
+    /// The engine's running and waiting requests and KV usage as of the last
+    /// fresh scrape, corrected by this gateway's requests since it was sent:
+    /// started ones count as waiting, finished ones leave the running. `None`
+    /// when never scraped or stale (flow control then relies on in-flight counts).
+    pub fn engine_counts(&self, now: u64, stale_after_ms: u64) -> Option<EngineCounts> {
+        if self.age_ms(now)? > stale_after_ms {
+            return None;
+        }
+        let since = |total: &AtomicU64, base: &AtomicU64| {
+            total
+                .load(Ordering::Relaxed)
+                .saturating_sub(base.load(Ordering::Relaxed)) as i64
+        };
+        let net = since(&self.started, &self.base_started)
+            .saturating_sub(since(&self.finished, &self.base_finished));
+        let running = self.running.load(Ordering::Relaxed) as i64;
+        Some(EngineCounts {
+            running: running.saturating_add(net.min(0)).max(0) as u64,
+            waiting: self
+                .waiting
+                .load(Ordering::Relaxed)
+                .saturating_add(net.max(0) as u64),
+            kv_usage: self.kv_usage_ppm.load(Ordering::Relaxed) as f64 / PPM,
+        })
+    }
+
     /// Fold the worker's request counter into the rate EWMA (called by the poller
     /// each tick; clock injected).
     pub fn update_rate(&self, requests: u64, now: u64) {
@@ -525,14 +559,19 @@ pub fn spawn_stats_poller(
                     auth: arc_swap::ArcSwapOption::new(auth.map(Arc::new)),
                 });
                 tasks.insert(id, ctl.clone());
-                tokio::spawn(poll_worker(w, client.clone(), ctl));
+                tokio::spawn(poll_worker(w, client.clone(), ctl, registry.clone()));
             }
             tokio::time::sleep(SUPERVISE_EVERY).await;
         }
     })
 }
 
-async fn poll_worker(w: Arc<Worker>, client: UpstreamClient, ctl: Arc<PollCtl>) {
+async fn poll_worker(
+    w: Arc<Worker>,
+    client: UpstreamClient,
+    ctl: Arc<PollCtl>,
+    registry: Arc<Registry>,
+) {
     let uri = format!("{}/metrics", w.id);
     let label = metrics::SharedString::from(w.id.clone());
     // Spread the first scrapes of many workers over one interval.
@@ -550,7 +589,11 @@ async fn poll_worker(w: Arc<Worker>, client: UpstreamClient, ctl: Arc<PollCtl>) 
         let auth = ctl.auth.load_full();
         let mark = w.state.stats.mark();
         match tokio::time::timeout(limit, scrape(&client, &uri, auth.as_deref())).await {
-            Ok(Ok(s)) if s.is_useful() => w.state.stats.store_marked(&s, now_ms(), mark),
+            Ok(Ok(s)) if s.is_useful() => {
+                w.state.stats.store_marked(&s, now_ms(), mark);
+                // The scrape may show room: a held request gets a turn.
+                registry.kick_queues();
+            }
             Ok(Ok(_)) => fail(&w, &label, "no known metric names"),
             Ok(Err(e)) => fail(&w, &label, &e.to_string()),
             Err(_) => fail(&w, &label, "timeout"),

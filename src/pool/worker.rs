@@ -1,6 +1,6 @@
 //! One upstream engine and its shared live state.
 
-use super::admission::AdmissionQueue;
+use super::flow::FlowQueue;
 use super::health::HealthState;
 use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
@@ -143,15 +143,51 @@ impl Worker {
     /// request waiting in `queue`, if any. `size` says how much prefill work the
     /// request brings; it counts as pending until [`InFlightGuard::first_token`] or
     /// the drop.
-    pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>, size: RequestSize) -> InFlightGuard {
+    pub fn begin(&self, queue: Option<&Arc<FlowQueue>>, size: RequestSize) -> InFlightGuard {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.started(queue.cloned(), size)
+    }
+
+    /// Take a slot at pick time, before the request is sent: it counts as in
+    /// flight at once, so a request dispatched from the queue on another thread
+    /// meanwhile sees the worker as it will be. [`Worker::begin_reserved`] turns
+    /// it into the request's guard; dropped unused, it frees the slot.
+    pub fn reserve(&self, queue: Option<&Arc<FlowQueue>>) -> Reservation {
+        self.state.in_flight.fetch_add(1, Ordering::Relaxed);
+        Reservation {
+            slot: Some((self.state.clone(), queue.cloned())),
+        }
+    }
+
+    /// [`Worker::reserve`] only while fewer than `limit` are in flight (0: no
+    /// limit), atomically: two threads picking the worker's last slot at once
+    /// cannot both take it.
+    pub fn try_reserve(&self, limit: u64, queue: Option<&Arc<FlowQueue>>) -> Option<Reservation> {
+        self.state
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (limit == 0 || n < limit).then_some(n + 1)
+            })
+            .ok()?;
+        Some(Reservation {
+            slot: Some((self.state.clone(), queue.cloned())),
+        })
+    }
+
+    /// [`Worker::begin`] on a slot [`Worker::reserve`] took.
+    pub fn begin_reserved(&self, mut r: Reservation, size: RequestSize) -> InFlightGuard {
+        let queue = r.slot.take().and_then(|(_, q)| q);
+        self.started(queue, size)
+    }
+
+    fn started(&self, queue: Option<Arc<FlowQueue>>, size: RequestSize) -> InFlightGuard {
         self.state.requests.fetch_add(1, Ordering::Relaxed);
         self.state
             .stats
             .note_started(size.tokens, size.prefill_tokens);
         InFlightGuard {
             state: self.state.clone(),
-            queue: queue.cloned(),
+            queue,
             prefill: Some((size.prefill_tokens, size.bytes)),
         }
     }
@@ -172,10 +208,26 @@ pub struct RequestSize {
     pub prefill_tokens: u64,
 }
 
+/// A slot taken on a worker by a pick whose request is not sent yet.
+pub struct Reservation {
+    slot: Option<(Arc<WorkerState>, Option<Arc<FlowQueue>>)>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some((state, queue)) = self.slot.take() {
+            state.in_flight.fetch_sub(1, Ordering::Relaxed);
+            if let Some(q) = queue {
+                q.release();
+            }
+        }
+    }
+}
+
 /// Decrements the worker's in-flight count when the response body ends or is dropped.
 pub struct InFlightGuard {
     state: Arc<WorkerState>,
-    queue: Option<Arc<AdmissionQueue>>,
+    queue: Option<Arc<FlowQueue>>,
     /// Prefill tokens still counted as pending on the worker, and the prompt bytes.
     prefill: Option<(u64, u64)>,
 }
@@ -222,5 +274,16 @@ mod tests {
         drop(g2);
         assert_eq!(w.in_flight(), 0);
         assert_eq!(w.state.requests.load(Ordering::Relaxed), 2);
+        // A reservation counts at once; it becomes the guard or is given back.
+        let r = w.reserve(None);
+        assert_eq!(w.in_flight(), 1);
+        drop(r);
+        assert_eq!(w.in_flight(), 0);
+        let g = w.begin_reserved(w.reserve(None), RequestSize::default());
+        assert_eq!(w.in_flight(), 1);
+        assert!(w.try_reserve(1, None).is_none(), "the last slot is taken");
+        drop(g);
+        assert_eq!(w.in_flight(), 0);
+        assert!(w.try_reserve(1, None).is_some());
     }
 }

@@ -8,10 +8,10 @@
 use super::error::GatewayError;
 use super::forward::{
     charge, respond, retryable_status, send_attempt, Failure, ForwardContext, RouteNote, Sent,
-    POLICY_HEADER, PRIORITY_HEADER,
+    POLICY_HEADER,
 };
 use crate::config::HealthConfig;
-use crate::pool::admission::{Priority, QueueError};
+use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority};
 use crate::pool::{InFlightGuard, Role};
 use crate::routes::ModelRoute;
 use crate::routing::{Decision, Policy, Reason, RouteRequest};
@@ -41,14 +41,28 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         // Boxed: an attempt's state is a few KB, and Rust futures hold an awaited
         // future's state inline (often twice), then are moved whole; boxing it
         // keeps the request's future under 4 KB instead of over 20 KB.
-        let sent = Box::pin(send_attempt(
+        let send = Box::pin(send_attempt(
             ctx,
             decision.index,
             ctx.body.clone(),
             pick.size,
             run.deadline,
-        ))
-        .await;
+            run.reserved.take(),
+        ));
+        let sent = match run.preemptible() {
+            None => send.await,
+            Some((_registered, rx)) => {
+                tokio::select! {
+                    sent = send => sent,
+                    // Cancelled before its answer: the attempt (and its in-flight
+                    // slot) is dropped here, which hands the slot to the waiter.
+                    Ok(()) = rx => {
+                        run.preempted(&decision)?;
+                        continue;
+                    }
+                }
+            }
+        };
         match run.settle(&decision, sent) {
             Settled::Answer(resp, guard) => return Ok(run.answer(&decision, &pick, resp, guard)),
             Settled::Retry => continue,
@@ -93,6 +107,16 @@ struct Attempts<'c, 'a> {
     blame: Blame<'c>,
     /// When the current pick started (only a trace span needs it).
     pick_start: Option<Instant>,
+    /// The request's class (header, else `normal`).
+    prio: Priority,
+    /// Its place in the pool's queue while it waits or holds a turn.
+    place: Option<Place<'c>>,
+    /// It was granted a turn: it may pick although others wait.
+    turn: bool,
+    /// It was preempted: it queues again ahead of its class.
+    front: bool,
+    /// The slot the last pick took on its worker, until the attempt is sent.
+    reserved: Option<crate::pool::Reservation>,
 }
 
 impl<'c, 'a> Attempts<'c, 'a> {
@@ -126,6 +150,11 @@ impl<'c, 'a> Attempts<'c, 'a> {
             stop: "no_candidate",
             blame: Blame::new(route, ctx.health),
             pick_start: None,
+            prio: super::flow::priority(ctx),
+            place: None,
+            turn: false,
+            front: false,
+            reserved: None,
         }
     }
 
@@ -143,10 +172,12 @@ impl<'c, 'a> Attempts<'c, 'a> {
         self.ctx.route.pool.config.disaggregation.is_some()
     }
 
-    /// Phase: select. The policy's pick among eligible workers under their
-    /// concurrency limit; if every eligible one is at its limit, wait in the
-    /// pool's queue and pick again; on a retry with nobody left, a last-resort
-    /// worker. `None`: no worker can take the request.
+    /// Phase: select. The policy's pick among eligible workers with room (see
+    /// `pool::flow::saturation`); while every eligible one is saturated — or
+    /// others of this class or above are waiting — wait in the pool's queue and
+    /// pick again when given the turn (the best worker *then*); on a
+    /// retry with nobody left, a last-resort worker. `None`: no worker can take
+    /// the request.
     async fn select(&mut self) -> Result<Option<Decision>, GatewayError> {
         let route = self.ctx.route;
         if let Some(owner) = self.ctx.pinned {
@@ -158,36 +189,106 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 spill: None,
             }));
         }
-        let limit = route.pool.config.max_concurrency_per_worker;
+        let queue = route.pool.queue.as_deref();
         loop {
+            if let Some(q) = queue.filter(|q| !self.turn && q.must_wait(self.prio)) {
+                self.wait(q).await?;
+                continue;
+            }
             self.pick_start = self.ctx.tags.tracing().then(crate::runtime::clock::now);
+            let cfg = &route.pool.config;
+            // Only the stats-based saturation rules need the clock.
+            let now = cfg
+                .flow
+                .as_ref()
+                .map_or(0, |_| crate::runtime::clock::now_ms());
             let accept =
-                |i: usize| self.eligible(i) && (limit == 0 || route.workers[i].in_flight() < limit);
+                |i: usize| self.eligible(i) && saturation::has_room(cfg, &route.workers[i], now);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
+                // The slot is taken before anyone else is given a turn; lost to
+                // another thread in between, pick again.
+                if queue.is_some() {
+                    let limit = cfg.max_concurrency_per_worker;
+                    match route.workers[d.index].try_reserve(limit, route.pool.queue.as_ref()) {
+                        Some(r) => self.reserved = Some(r),
+                        None => continue,
+                    }
+                }
+                self.dispatched(queue);
                 return Ok(Some(d));
             }
-            let saturated = limit > 0 && (0..route.workers.len()).any(|i| self.eligible(i));
-            match (&route.pool.queue, saturated) {
-                (Some(q), true) => {
-                    let prio = Priority::parse(
-                        self.ctx
-                            .parts
-                            .headers
-                            .get(PRIORITY_HEADER)
-                            .and_then(|v| v.to_str().ok()),
-                    );
-                    let waited = crate::runtime::clock::now();
-                    let r = Box::pin(q.wait(prio, waited)).await;
-                    self.ctx.tags.add_waited(waited.elapsed());
-                    r.map_err(|e| match e {
-                        QueueError::Full => GatewayError::QueueFull(route.pool.name.to_string()),
-                        QueueError::Timeout => {
-                            GatewayError::QueueTimeout(route.pool.name.to_string())
-                        }
-                    })?;
+            let saturated = (0..route.workers.len()).any(|i| self.eligible(i));
+            match queue {
+                Some(q) if saturated => self.wait(q).await?,
+                _ => {
+                    // Giving up a turn: the next waiter may find what this one did not.
+                    if self.place.take().is_some() {
+                        queue.inspect(|q| q.release());
+                    }
+                    return Ok(self.last_resort());
                 }
-                _ => return Ok(self.last_resort()),
             }
+        }
+    }
+
+    /// Wait in the pool's queue for a turn (at the kept place after the first
+    /// time); the time waited is the request's.
+    async fn wait(&mut self, q: &'c FlowQueue) -> Result<(), GatewayError> {
+        let ticket = super::flow::ticket(self.ctx, self.prio, self.front);
+        let waited = crate::runtime::clock::now();
+        let r = Box::pin(q.wait(&ticket, &mut self.place)).await;
+        self.ctx.tags.add_waited(waited.elapsed());
+        self.turn = r.is_ok();
+        r.map_err(|e| super::flow::queue_error(self.ctx, e))
+    }
+
+    /// A pick succeeded: if it came from the queue, leave it (handing the turn
+    /// on) and count the tenant's dispatched tokens.
+    fn dispatched(&mut self, queue: Option<&FlowQueue>) {
+        self.turn = false;
+        self.front = false;
+        if let (Some(q), Some(place)) = (queue, self.place.take()) {
+            counter!(names::FLOW_DISPATCHED_TOKENS_TOTAL, names::L_POOL => self.pool_label.clone(),
+                names::L_TENANT => self.ctx.tags.tenant_label.clone())
+            .increment(super::flow::ticket(self.ctx, self.prio, false).cost);
+            q.dispatched(Some(place));
+        }
+    }
+
+    /// Register the attempt about to be sent as preemptible, when the pool
+    /// preempts and a class above this one exists.
+    fn preemptible(
+        &self,
+    ) -> Option<(
+        crate::pool::flow::Preemptible<'c>,
+        tokio::sync::oneshot::Receiver<()>,
+    )> {
+        let q = self.ctx.route.pool.queue.as_deref()?;
+        (q.preemption() != Preemption::Off && self.prio != Priority::Critical)
+            .then(|| q.preemptible(self.prio))
+    }
+
+    /// The attempt on `decision` was preempted before answering: take it back
+    /// (not a failure of the worker, not an attempt) and queue again ahead of the
+    /// class, or refuse with a retryable error, as the pool says.
+    fn preempted(&mut self, decision: &Decision) -> Result<(), GatewayError> {
+        self.tried.retain(|i| *i != decision.index);
+        self.attempt = self.attempt.saturating_sub(1);
+        self.front = true;
+        tracing::info!(request_id = ?self.ctx.request_id, pool = %self.ctx.route.pool.name,
+            class = self.prio.as_str(), "preempted by a higher class before answering");
+        match self
+            .ctx
+            .route
+            .pool
+            .queue
+            .as_deref()
+            .map(FlowQueue::preemption)
+        {
+            Some(Preemption::Reject) => Err(GatewayError::Preempted(
+                self.ctx.route.pool.name.to_string(),
+            )),
+            _ => Ok(()),
         }
     }
 

@@ -67,6 +67,13 @@ pub enum GatewayError {
     QueueFull(String),
     #[error("Pool `{0}` is at capacity; the request waited too long in the queue")]
     QueueTimeout(String),
+    /// Dropped from a full queue to make room for a higher priority class.
+    #[error("Pool `{0}` is at capacity and a higher-priority request took this one's place in the queue; retry later")]
+    QueueEvicted(String),
+    /// Cancelled before answering so a higher priority class could run
+    /// (`preemption = "reject"`).
+    #[error("Pool `{0}` is at capacity and this request was preempted by a higher-priority one before it answered; retry later")]
+    Preempted(String),
     /// A gateway-issued response id whose worker is no longer in any pool.
     #[error("Response `{0}` was stored by a worker that is no longer serving, so it is gone (a follow-up must send the whole conversation as `input`, without `previous_response_id`)")]
     ResponseOwnerGone(String),
@@ -109,7 +116,8 @@ impl GatewayError {
             NoHealthyWorker(_) | ResidencyUnavailable { .. } | ResponseOwnerUnavailable { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            QueueFull(_) | QueueTimeout(_) => StatusCode::TOO_MANY_REQUESTS,
+            QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => StatusCode::TOO_MANY_REQUESTS,
+            Preempted(_) => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -145,6 +153,8 @@ impl GatewayError {
             InvalidResidency { .. } => "invalid_residency",
             QueueFull(_) => "queue_full",
             QueueTimeout(_) => "queue_timeout",
+            QueueEvicted(_) => "queue_evicted",
+            Preempted(_) => "preempted",
             UpstreamConnect { .. } => "upstream_connect",
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
@@ -180,6 +190,8 @@ impl GatewayError {
             | ResidencyUnavailable { .. }
             | QueueFull(_)
             | QueueTimeout(_)
+            | QueueEvicted(_)
+            | Preempted(_)
             | ResponseOwnerGone(_)
             | ResponseOwnerUnavailable { .. } => "gateway",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
@@ -206,6 +218,7 @@ impl GatewayError {
                     | GatewayError::ResidencyUnavailable { .. }
                     | GatewayError::QueueFull(_)
                     | GatewayError::QueueTimeout(_)
+                    | GatewayError::QueueEvicted(_)
             )
     }
 
@@ -217,7 +230,8 @@ impl GatewayError {
             NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
             ResponseOwnerGone(_) => "invalid_request_error",
             ResponseOwnerUnavailable { .. } => "service_unavailable",
-            QueueFull(_) | QueueTimeout(_) => "rate_limit_exceeded",
+            QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => "rate_limit_exceeded",
+            Preempted(_) => "service_unavailable",
             _ => match self.class() {
                 "upstream" => "upstream_error",
                 _ => "invalid_request_error",
@@ -242,6 +256,10 @@ impl GatewayError {
             ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),
             ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
             InvalidResidency { .. } => (None, Some("invalid_residency")),
+            // Shed by flow control: the code names why (the `reason` label).
+            QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) | Preempted(_) => {
+                (None, Some(self.reason()))
+            }
             _ => (None, None),
         }
     }

@@ -15,6 +15,28 @@ use std::sync::Arc;
 /// Forward `ctx` (whose route is the request's own) and fall back along the
 /// chain. `body` is the request body before any pool's model rewrite.
 pub async fn forward_with_fallbacks<'a>(
+    ctx: ForwardContext<'a>,
+    snap: &'a Snapshot,
+    body: &Bytes,
+) -> Result<Response<Body>, GatewayError> {
+    match super::flow::cold_start(&ctx).await? {
+        Some(route) => {
+            Box::pin(along_chain(
+                ForwardContext {
+                    route: &route,
+                    ..ctx
+                },
+                snap,
+                body,
+            ))
+            .await
+        }
+        None => along_chain(ctx, snap, body).await,
+    }
+}
+
+/// Forward on `ctx`'s route, then along its pool's fallback chain.
+async fn along_chain<'a>(
     mut ctx: ForwardContext<'a>,
     snap: &'a Snapshot,
     body: &Bytes,

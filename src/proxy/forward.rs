@@ -166,6 +166,8 @@ pub struct ForwardContext<'a> {
     pub pinned: Option<usize>,
     /// A streamed upload sent instead of `body` (once: no retry, no fallback).
     pub upload: Option<&'a super::upload::Upload>,
+    /// Where a request waiting for a first worker finds the current routes.
+    pub routes: Option<&'a crate::routes::RouteTable>,
 }
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -246,6 +248,7 @@ pub(crate) async fn send_attempt(
     body: Bytes,
     size: RequestSize,
     deadline: Instant,
+    reserved: Option<crate::pool::Reservation>,
 ) -> Sent {
     let route = ctx.route;
     let worker = &route.workers[idx];
@@ -260,7 +263,10 @@ pub(crate) async fn send_attempt(
         Ok(r) => r,
         Err(e) => return (Err(e), None),
     };
-    let guard = worker.begin(route.pool.queue.as_ref(), size);
+    let guard = match reserved {
+        Some(r) => worker.begin_reserved(r, size),
+        None => worker.begin(route.pool.queue.as_ref(), size),
+    };
     let sent = crate::runtime::clock::now();
     let until = (sent + ctx.timeouts.first_byte).min(deadline);
     let wait = until.saturating_duration_since(sent);

@@ -10,6 +10,7 @@ pub mod context;
 pub(crate) mod disagg;
 mod error;
 mod fallback;
+mod flow;
 pub mod forward;
 mod headers;
 pub mod observe;

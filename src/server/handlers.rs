@@ -419,6 +419,7 @@ impl<'a> Inbound<'a> {
             global: &self.snap.config.global,
             pinned: None,
             upload: None,
+            routes: Some(&self.gw.routes),
         }
     }
 

@@ -41,6 +41,10 @@ pub const RETRIES_TOTAL: &str = "switchyard_retries_total";
 pub const RETRY_BUDGET_EXHAUSTED_TOTAL: &str = "switchyard_retry_budget_exhausted_total";
 pub const QUEUE_DEPTH: &str = "switchyard_queue_depth";
 pub const QUEUE_WAIT_SECONDS: &str = "switchyard_queue_wait_seconds";
+pub const FLOW_REQUESTS_TOTAL: &str = "switchyard_flow_requests_total";
+pub const FLOW_SHED_TOTAL: &str = "switchyard_flow_shed_total";
+pub const FLOW_MAP_FULL_TOTAL: &str = "switchyard_flow_map_full_total";
+pub const FLOW_DISPATCHED_TOKENS_TOTAL: &str = "switchyard_flow_dispatched_tokens_total";
 pub const CONNECTIONS_OPEN: &str = "switchyard_connections_open";
 pub const CONNECTIONS_CLOSED_TOTAL: &str = "switchyard_connections_closed_total";
 pub const BUSY_POLL_MICROSECONDS: &str = "switchyard_busy_poll_microseconds_total";
@@ -109,6 +113,8 @@ pub const EPP_STREAMS_TOTAL: &str = "switchyard_epp_streams_total";
 pub const L_REGION: &str = "region";
 pub const L_TENANT: &str = "tenant";
 pub const L_CLASS: &str = "class";
+/// Flow-control event: `queued`, `dispatched`, `preempted`.
+pub const L_EVENT: &str = "event";
 pub const L_LABEL: &str = "label";
 
 pub const L_MODEL: &str = "model";
@@ -174,6 +180,7 @@ pub fn describe() {
     describe_routing();
     describe_tokenize();
     describe_epp();
+    describe_flow();
     describe_counter!(
         LAST_RESORT_RETRIES_TOTAL,
         "Retries sent to an already-tried or cooling-down worker because no untried available worker was left."
@@ -417,5 +424,33 @@ fn describe_tokenize() {
     describe_counter!(
         TOKENIZE_ERRORS_TOTAL,
         "Requests the gateway could not tokenize, by reason (unsupported, invalid)."
+    );
+}
+
+/// Flow control (`pool/flow/`): the gateway's queue per pool and priority class.
+fn describe_flow() {
+    describe_gauge!(
+        QUEUE_DEPTH,
+        "Requests held in the pool's flow-control queue, by pool and priority class."
+    );
+    describe_histogram!(
+        QUEUE_WAIT_SECONDS,
+        "Time a dispatched request waited in the pool's queue, by pool and priority class."
+    );
+    describe_counter!(
+        FLOW_REQUESTS_TOTAL,
+        "Flow-control events by pool, priority class and event (queued, dispatched, preempted)."
+    );
+    describe_counter!(
+        FLOW_SHED_TOTAL,
+        "Requests the queue refused or dropped, by pool, class and reason (full, ttl, evicted)."
+    );
+    describe_counter!(
+        FLOW_MAP_FULL_TOTAL,
+        "Queued requests whose fairness flow could not be remembered (flow map at max_flows)."
+    );
+    describe_counter!(
+        FLOW_DISPATCHED_TOKENS_TOTAL,
+        "Token cost (prompt + expected output) dispatched after queueing, by pool and tenant: each tenant's share."
     );
 }

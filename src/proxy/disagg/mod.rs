@@ -183,7 +183,7 @@ async fn send_leg(
     body: Bytes,
     size: RequestSize,
 ) -> Result<(Response<hyper::body::Incoming>, InFlightGuard), LegError> {
-    let (result, failure) = send_attempt(ctx, idx, body, size, ctx.deadline()).await;
+    let (result, failure) = send_attempt(ctx, idx, body, size, ctx.deadline(), None).await;
     let (resp, guard) = result.map_err(|err| LegError {
         leg: which,
         err,
