@@ -13,6 +13,7 @@ mod edge;
 pub mod global;
 mod key;
 pub mod kv_events;
+pub mod limits;
 pub mod observability;
 mod problems;
 mod raw;
@@ -1631,7 +1632,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.admin.as_ref().unwrap().token.expose(), vars[0].1);
-        assert_eq!(c.tenancy.tenants[0].api_key.expose(), vars[1].1);
+        assert_eq!(
+            c.tenancy.tenants[0].api_key.as_ref().unwrap().expose(),
+            vars[1].1
+        );
         let upstream = c.pools[0].upstream_api_key.as_ref().unwrap();
         assert_eq!(upstream.expose(), vars[2].1);
         for shown in [

@@ -173,7 +173,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
                             .parts
                             .headers
                             .get(PRIORITY_HEADER)
-                            .and_then(|v| v.to_str().ok()),
+                            .and_then(|v| v.to_str().ok())
+                            .or(self.ctx.tags.tenant.priority()),
                     );
                     let waited = crate::runtime::clock::now();
                     let r = Box::pin(q.wait(prio, waited)).await;

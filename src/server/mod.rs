@@ -2,6 +2,7 @@
 //! and graceful shutdown. Everything model-specific is delegated to `proxy/`.
 
 pub mod admin;
+mod admin_keys;
 mod conn;
 mod cors;
 pub mod dashboard;
@@ -47,6 +48,10 @@ pub struct Gateway {
     pub fleet: Arc<pool::fleet::Fleet>,
     /// API key → tenant; rebuilt on reload.
     pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
+    /// Keys created through the admin API (they outlive reloads).
+    pub keys: crate::tenancy::keys::IssuedKeys,
+    /// Rate, concurrency and budget state (it outlives reloads).
+    pub limits: crate::tenancy::limits::Limiter,
     shutting_down: AtomicBool,
     reloader: arc_swap::ArcSwapOption<Reloader>,
     /// TLS of the client listener, when `server.tls` is set.
@@ -90,6 +95,8 @@ impl Gateway {
             sinks,
             fleet,
             tenancy,
+            keys: Default::default(),
+            limits: Default::default(),
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
             tls,
