@@ -1,6 +1,8 @@
 //! Tenant limits: `[tenants.limits]` (the tenant as a whole), `[tenants.key_limits]`
 //! (each of its keys on its own) and `[tenants.model_limits.MODEL]` (the tenant's
 //! requests for one model). Every field is optional; a limit left out does not apply.
+//! `[limits]` says where their state lives: this process, or a Redis shared by
+//! every replica.
 
 use super::key::Key;
 use super::Problems;
@@ -33,6 +35,80 @@ impl Limits {
     /// No limit is set.
     pub fn is_empty(&self) -> bool {
         *self == Limits::default()
+    }
+}
+
+/// Default time a Redis call may take before the failure mode applies (ms).
+pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 250;
+
+/// `[limits]`: where limit state lives.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimitsStore {
+    /// `memory` (default) or `redis`.
+    pub state: Option<String>,
+    /// `redis://[user:password@]host:port[/db]`; required with `state = "redis"`.
+    pub redis_url: Option<String>,
+    /// `open` (admit without limits, default) or `closed` (refuse) while Redis fails.
+    pub on_redis_error: Option<String>,
+    pub redis_timeout_ms: Option<u64>,
+}
+
+/// Where limit state lives.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum LimitsStore {
+    #[default]
+    Memory,
+    Redis(RedisStore),
+}
+
+/// A Redis shared by the replicas. The URL may hold a password: it is a secret.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedisStore {
+    pub url: super::Secret,
+    /// Refuse requests (rather than admit them unlimited) while Redis fails.
+    pub fail_closed: bool,
+    pub timeout: std::time::Duration,
+}
+
+/// `[limits]`: `redis` needs a `redis://` URL; the failure mode is `open` or `closed`.
+pub(crate) fn validate_store(r: RawLimitsStore, p: &mut Problems) -> LimitsStore {
+    let key = Key::new("limits");
+    let fail_closed = match r.on_redis_error.as_deref() {
+        None | Some("open") => false,
+        Some("closed") => true,
+        Some(o) => {
+            let k = key.field("on_redis_error");
+            p.push(format!("{k}: must be `open` or `closed` (got `{o}`)"));
+            false
+        }
+    };
+    let timeout_ms = r.redis_timeout_ms.unwrap_or(DEFAULT_REDIS_TIMEOUT_MS);
+    if timeout_ms == 0 {
+        p.push(format!(
+            "{}: must be greater than 0",
+            key.field("redis_timeout_ms")
+        ));
+    }
+    match r.state.as_deref() {
+        None | Some("memory") => LimitsStore::Memory,
+        Some("redis") => {
+            let url = r.redis_url.unwrap_or_default();
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                let k = key.field("redis_url");
+                p.push(format!("{k}: `state = \"redis\"` needs a redis:// URL"));
+            }
+            LimitsStore::Redis(RedisStore {
+                url: url.into(),
+                fail_closed,
+                timeout: std::time::Duration::from_millis(timeout_ms.max(1)),
+            })
+        }
+        Some(o) => {
+            let k = key.field("state");
+            p.push(format!("{k}: must be `memory` or `redis` (got `{o}`)"));
+            LimitsStore::Memory
+        }
     }
 }
 

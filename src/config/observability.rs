@@ -300,6 +300,8 @@ pub struct TenancyConfig {
     pub tenants: Vec<TenantConfig>,
     pub trust_tenant_header: bool,
     pub require_key: bool,
+    /// Where limit state lives (`[limits]`).
+    pub store: super::limits::LimitsStore,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -325,6 +327,7 @@ impl std::fmt::Debug for TenancyConfig {
             .field("tenants", &names)
             .field("trust_tenant_header", &self.trust_tenant_header)
             .field("require_key", &self.require_key)
+            .field("store", &self.store)
             .finish()
     }
 }

@@ -2,6 +2,7 @@
 //! error type, a low-cardinality `reason` label, and whether another worker may be tried.
 
 use crate::api::ErrorBody;
+use crate::tenancy::limits::LimitKind;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,6 +116,7 @@ impl GatewayError {
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             TenantNeedsKey | MissingApiKey | InvalidApiKey => StatusCode::UNAUTHORIZED,
             ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            Limited(r) if r.kind == LimitKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
             | UnknownResponse(_) => StatusCode::NOT_FOUND,
@@ -237,6 +239,7 @@ impl GatewayError {
             TenantNeedsKey | MissingApiKey | InvalidApiKey => "authentication_error",
             ModelNotAllowed(_) => "permission_error",
             Limited(r) if r.kind.is_budget() => "insufficient_quota",
+            Limited(r) if r.kind == LimitKind::StoreUnavailable => "service_unavailable",
             Limited(_) => "rate_limit_exceeded",
             NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
             ResponseOwnerGone(_) => "invalid_request_error",

@@ -180,7 +180,7 @@ impl<'a> Inbound<'a> {
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
         }
-        self.limit(route, &info, tags)?;
+        self.limit(route, &info, tags).await?;
         self.admission_span(tags, info.model.as_deref().unwrap_or_default());
         // Phase: forward, along the fallback chain.
         let pool_body = proxy::cancel::with_rid(
@@ -400,7 +400,7 @@ impl<'a> Inbound<'a> {
     /// Phase: limit. The tenant may use the model its request resolved to, and
     /// the request fits the tenant's limits (tokens estimated from the body);
     /// the admission rides in the tags, so the request's end settles it.
-    fn limit(
+    async fn limit(
         &self,
         route: &ModelRoute,
         info: &api::RequestInfo,
@@ -422,6 +422,7 @@ impl<'a> Inbound<'a> {
             .gw
             .limits
             .admit(tenant, &route.model, estimate)
+            .await
             .map_err(|r| refused_by_tenancy(GatewayError::Limited(r)))?;
         if let Some(t) = unshared(tags) {
             t.admitted = admitted;

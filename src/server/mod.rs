@@ -81,6 +81,7 @@ impl Gateway {
         let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
+        let config_store = config.tenancy.store.clone();
         let registry = Registry::new(config);
         pool::fleet::spawn_ticker(sinks.clone(), fleet.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
@@ -96,7 +97,7 @@ impl Gateway {
             fleet,
             tenancy,
             keys: Default::default(),
-            limits: Default::default(),
+            limits: crate::tenancy::limits::Limiter::new(&config_store),
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
             tls,

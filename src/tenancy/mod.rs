@@ -273,6 +273,7 @@ mod tests {
             ],
             trust_tenant_header: trust,
             require_key: false,
+            store: Default::default(),
         })
     }
 
@@ -404,6 +405,7 @@ mod tests {
             }],
             trust_tenant_header: true,
             require_key: true,
+            store: Default::default(),
         };
         let t = Tenancy::new(&cfg);
         let issued = none();
