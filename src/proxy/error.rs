@@ -265,6 +265,9 @@ impl GatewayError {
             TenantNeedsKey | MissingApiKey | InvalidApiKey => (None, Some("invalid_api_key")),
             ModelNotAllowed(_) => (Some("model"), Some("model_not_allowed")),
             Limited(r) if r.kind.is_budget() => (Some(r.kind.as_str()), Some("insufficient_quota")),
+            Limited(r) if r.kind == LimitKind::StoreUnavailable => {
+                (None, Some("limits_store_unavailable"))
+            }
             Limited(r) => (Some(r.kind.as_str()), Some("rate_limit_exceeded")),
             NotFound(_) => (None, Some("unknown_url")),
             ResponseOwnerGone(_) => (Some("previous_response_id"), Some("response_owner_gone")),
