@@ -124,8 +124,8 @@ workers = [{{ url = "{sim}" }}]
     )
 }
 
-/// A gateway process with the shared-store config; its URL.
-async fn gateway(name: &str, toml: &str) -> (tokio::process::Child, String) {
+/// A gateway process with the shared-store config; its URL and admin URL.
+async fn gateway(name: &str, toml: &str) -> (tokio::process::Child, String, String) {
     let file = config_file(name, toml);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
@@ -141,17 +141,21 @@ async fn gateway(name: &str, toml: &str) -> (tokio::process::Child, String) {
         .spawn()
         .expect("binary starts");
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), async {
+    let (url, admin) = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut admin = String::new();
         while let Some(l) = lines.next_line().await.unwrap() {
+            if let Some(u) = l.strip_prefix("switchyard admin url=") {
+                admin = u.to_string();
+            }
             if let Some(u) = l.strip_prefix("switchyard ready url=") {
-                return u.to_string();
+                return (u.to_string(), admin);
             }
         }
         panic!("binary exited before printing its url");
     })
     .await
     .expect("ready line");
-    (child, url)
+    (child, url, admin)
 }
 
 fn body(model: &str, content: &str, max_tokens: u32) -> Value {
@@ -254,8 +258,10 @@ async fn two_replicas_share_limits_budgets_and_the_failure_mode() {
     let (mut redis, port) = start_redis(&bin).await;
     let s = sims(1, 50.0).await;
     let model = sim_model();
-    let (_a, open) = gateway("lr-open", &config(&model, &s[0].url(), port, "open")).await;
-    let (_b, closed) = gateway("lr-closed", &config(&model, &s[0].url(), port, "closed")).await;
+    let (_a, open, open_admin) =
+        gateway("lr-open", &config(&model, &s[0].url(), port, "open")).await;
+    let (_b, closed, closed_admin) =
+        gateway("lr-closed", &config(&model, &s[0].url(), port, "closed")).await;
     let both = [open.clone(), closed.clone()];
 
     // Requests: 900 small requests from both sides at once against 600 a minute.
@@ -270,6 +276,7 @@ async fn two_replicas_share_limits_budgets_and_the_failure_mode() {
     within("tokens per minute", used as f64, 60_000.0, secs);
 
     budget(&both, &model).await;
+    shared_keys(&open_admin, &closed_admin, &closed, &model).await;
     kill_redis(&mut redis, &open, &closed, &model).await;
 }
 
@@ -298,6 +305,39 @@ async fn budget(both: &[String; 2], model: &str) {
             assert_eq!((s, code.as_str()), (429, "daily_budget_usd"));
         }
     }
+}
+
+/// A key issued by one replica works on the other; revoked there, it stops
+/// working on both.
+async fn shared_keys(admin_a: &str, admin_b: &str, url_b: &str, model: &str) {
+    let c = client();
+    let created: Value = c
+        .post(format!("{admin_a}/admin/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"tenant": "kill"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = created["key"].as_str().expect("a key").to_string();
+    let id = created["id"].as_str().unwrap().to_string();
+    let b = body(model, "issued elsewhere", 1);
+    eventually(
+        Duration::from_secs(10),
+        "key known to the other replica",
+        || async { (send(&c, url_b, &key, &b).await.0 == 200).then_some(()) },
+    )
+    .await;
+    let r = c
+        .delete(format!("{admin_b}/admin/keys/{id}"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    assert_eq!(send(&c, url_b, &key, &b).await.0, 401);
 }
 
 /// Redis gone: the fail-open replica admits (without rate-limit headers), the

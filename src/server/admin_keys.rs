@@ -43,6 +43,14 @@ pub(super) async fn create(State(gw): State<Arc<Gateway>>, Json(req): Json<Creat
         .map_or(0, |d| d.as_secs());
     match gw.keys.create(&req.tenant, now) {
         Ok((e, key)) => {
+            if let Some(conn) = gw.limits.redis() {
+                if let Err(why) = crate::tenancy::shared_keys::publish(conn, &e).await {
+                    gw.keys.revoke(&e.id);
+                    tracing::warn!(error = %why, "API key not created: the shared store failed");
+                    let msg = "the shared key store (Redis) is unavailable; no key was created";
+                    return error(StatusCode::SERVICE_UNAVAILABLE, msg);
+                }
+            }
             tracing::info!(id = %e.id, tenant = %e.tenant, "API key created");
             let body = serde_json::json!({
                 "id": &*e.id,
@@ -86,13 +94,22 @@ pub(super) async fn list(State(gw): State<Arc<Gateway>>) -> Response {
     Json(serde_json::json!({ "keys": keys })).into_response()
 }
 
-/// `DELETE /admin/keys/{id}`: 204, or 404 for an id that is not an issued key.
+/// `DELETE /admin/keys/{id}`: 204, or 404 for an id that is not an issued key
+/// (with Redis, a key issued by another replica is known here within a second).
 pub(super) async fn revoke(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
     if !gw.keys.revoke(&id) {
         let msg = format!("no issued key with id `{}`", crate::api::error::echo(&id));
         return error(StatusCode::NOT_FOUND, &msg);
     }
     gw.limits.forget_key(&id);
+    if let Some(conn) = gw.limits.redis() {
+        if let Err(why) = crate::tenancy::shared_keys::remove(conn, &id).await {
+            tracing::warn!(error = %why, "API key revoked here only: the shared store failed");
+            let msg =
+                "revoked on this replica only: the shared key store (Redis) is unavailable; retry";
+            return error(StatusCode::SERVICE_UNAVAILABLE, msg);
+        }
+    }
     tracing::info!(id = %id, "API key revoked");
     StatusCode::NO_CONTENT.into_response()
 }

@@ -49,7 +49,7 @@ pub struct Gateway {
     /// API key → tenant; rebuilt on reload.
     pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
     /// Keys created through the admin API (they outlive reloads).
-    pub keys: crate::tenancy::keys::IssuedKeys,
+    pub keys: Arc<crate::tenancy::keys::IssuedKeys>,
     /// Rate, concurrency and budget state (it outlives reloads).
     pub limits: crate::tenancy::limits::Limiter,
     shutting_down: AtomicBool,
@@ -81,7 +81,11 @@ impl Gateway {
         let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
-        let config_store = config.tenancy.store.clone();
+        let limits = crate::tenancy::limits::Limiter::new(&config.tenancy.store);
+        let keys = Arc::new(crate::tenancy::keys::IssuedKeys::default());
+        if let Some(conn) = limits.redis() {
+            crate::tenancy::shared_keys::spawn_sync(conn, keys.clone());
+        }
         let registry = Registry::new(config);
         pool::fleet::spawn_ticker(sinks.clone(), fleet.clone(), registry.clone());
         pool::spawn_model_discovery(registry.clone(), client.clone()).await;
@@ -96,8 +100,8 @@ impl Gateway {
             sinks,
             fleet,
             tenancy,
-            keys: Default::default(),
-            limits: crate::tenancy::limits::Limiter::new(&config_store),
+            keys,
+            limits,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
             tls,

@@ -125,6 +125,16 @@ impl IssuedKeys {
         self.by_id.remove(id).is_some()
     }
 
+    /// Make the issued keys exactly `entries` (the shared store's copy).
+    pub fn replace_all(&self, entries: Vec<IssuedKey>) {
+        let ids: std::collections::HashSet<Arc<str>> =
+            entries.iter().map(|e| e.id.clone()).collect();
+        self.by_id.retain(|id, _| ids.contains(id));
+        for e in entries {
+            self.by_id.insert(e.id.clone(), e);
+        }
+    }
+
     /// Every issued key, oldest first.
     pub fn list(&self) -> Vec<IssuedKey> {
         let mut v: Vec<IssuedKey> = self.by_id.iter().map(|e| e.value().clone()).collect();

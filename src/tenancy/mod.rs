@@ -12,6 +12,7 @@
 
 pub mod keys;
 pub mod limits;
+pub mod shared_keys;
 
 use crate::config::limits::Limits;
 use crate::config::observability::{TenantConfig, ANONYMOUS_TENANT};

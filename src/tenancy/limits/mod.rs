@@ -175,6 +175,12 @@ impl Limiter {
         }
     }
 
+    /// The shared store's connection, when limits live in Redis (issued keys
+    /// are shared through it too).
+    pub fn redis(&self) -> Option<redis::aio::ConnectionManager> {
+        self.shared.as_ref().map(|s| s.conn.clone())
+    }
+
     /// Drop a revoked key's state.
     pub fn forget_key(&self, id: &str) {
         self.local.forget(&format!("k|{id}"));

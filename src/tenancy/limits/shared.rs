@@ -27,7 +27,7 @@ const LOG_EVERY_MS: u64 = 10_000;
 
 /// The connection and the failure mode.
 pub(super) struct Shared {
-    conn: ConnectionManager,
+    pub(super) conn: ConnectionManager,
     fail_closed: bool,
     timeout: Duration,
     last_log_ms: AtomicU64,
