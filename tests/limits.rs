@@ -454,3 +454,68 @@ async fn no_key_anywhere(gw: &Gw, issued: &str) {
         }
     }
 }
+
+/// With a pool tokenizer (here the sim's, exact for `switchyard sim`), the
+/// prompt is counted exactly up front: the remaining tokens after the first
+/// request are the limit less the engine's own prompt count.
+#[tokio::test]
+async fn prompt_tokens_are_exact_with_the_pools_tokenizer() {
+    use switchyard::sim::kv_events::{EventFormat, KvEventsConfig};
+    let sim = switchyard::sim::spawn(switchyard::sim::SimConfig {
+        time_scale: 50.0,
+        model: "sim-llama-8b".into(),
+        max_model_len: 4096,
+        kv_events: Some(KvEventsConfig {
+            events: "tcp://127.0.0.1:0".into(),
+            replay: Some("tcp://127.0.0.1:0".into()),
+            topic: "kv-events".into(),
+            format: EventFormat::Map,
+            drop: None,
+            reorder: None,
+            block_size: 16,
+        }),
+        ..switchyard::sim::SimConfig::default()
+    })
+    .await
+    .expect("sim starts");
+    let kv = sim.kv_endpoints().expect("events on");
+    std::env::set_var("SY_LIMITS_EXACT_KEY", "sk-exact-limits-6e5d4c3b2a");
+    let gw = gateway(&format!(
+        r#"
+[tenancy]
+require_key = true
+[[tenants]]
+name = "exact"
+api_key_env = "SY_LIMITS_EXACT_KEY"
+[tenants.limits]
+tokens_per_minute = 10000
+[[pools]]
+name = "p"
+models = ["sim-llama-8b"]
+tokenizer = "sim"
+workers = [{{ url = "{}", kv_events = "{}", kv_replay = "{}" }}]
+[pools.kv_events]
+topic = "kv-events"
+"#,
+        sim.url(),
+        kv.events,
+        kv.replay.as_deref().unwrap()
+    ))
+    .await;
+    let url = format!("http://{}", gw.addr);
+    let content = "count these prompt tokens exactly, not by the bytes they take up";
+    let b = json!({"model": "sim-llama-8b", "max_tokens": 1,
+                   "messages": [{"role": "user", "content": content}]});
+    let r = post(&url, Some("sk-exact-limits-6e5d4c3b2a"), &b).await;
+    assert_eq!(r.status(), 200);
+    let remaining = num(&r, &h::REMAINING_TOKENS);
+    let v: Value = r.json().await.unwrap();
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let estimate = switchyard::tenancy::limits::estimate_tokens(
+        serde_json::to_string(&b["messages"]).unwrap().len(),
+        None,
+        false,
+    );
+    assert_ne!(prompt, estimate, "the byte estimate would pass too");
+    assert_eq!(remaining, 10_000 - prompt);
+}

@@ -180,7 +180,7 @@ impl<'a> Inbound<'a> {
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
         }
-        self.limit(route, &info, tags).await?;
+        self.limit(route, &info, &body, tags).await?;
         self.admission_span(tags, info.model.as_deref().unwrap_or_default());
         // Phase: forward, along the fallback chain.
         let pool_body = proxy::cancel::with_rid(
@@ -404,6 +404,7 @@ impl<'a> Inbound<'a> {
         &self,
         route: &ModelRoute,
         info: &api::RequestInfo,
+        body: &Bytes,
         tags: &mut Arc<RequestTags>,
     ) -> Result<(), GatewayError> {
         let tenant = &tags.tenant;
@@ -416,8 +417,11 @@ impl<'a> Inbound<'a> {
                 api::error::echo(model),
             )));
         }
-        let text = info.routing_text.as_ref().map_or(0, |t| t.len());
-        let estimate = crate::tenancy::limits::estimate_tokens(text, info.max_tokens, false);
+        let estimate = if tenant.counts_tokens(&route.model) {
+            self.prompt_tokens(route, info, body)
+        } else {
+            0
+        };
         let admitted = self
             .gw
             .limits
@@ -428,6 +432,21 @@ impl<'a> Inbound<'a> {
             t.admitted = admitted;
         }
         Ok(())
+    }
+
+    /// A request's prompt tokens: exactly, with the pool's tokenizer (its
+    /// segment cache makes the routing's later count nearly free), else estimated.
+    fn prompt_tokens(&self, route: &ModelRoute, info: &api::RequestInfo, body: &Bytes) -> u64 {
+        let exact = self
+            .gw
+            .registry
+            .prompt_tokenizer(&route.pool.name)
+            .and_then(|t| t.prompt_tokens(self.endpoint, body).ok())
+            .map(|t| t.len() as u64);
+        exact.unwrap_or_else(|| {
+            let text = info.routing_text.as_ref().map_or(0, |t| t.len());
+            crate::tenancy::limits::estimate_tokens(text, info.max_tokens, false)
+        })
     }
 
     /// The forwarding context of a resolved request (no pinned worker, no

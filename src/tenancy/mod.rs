@@ -63,6 +63,18 @@ impl Tenant {
         })
     }
 
+    /// Whether a request for `model` counts against a tokens-per-minute limit
+    /// (only then are its prompt tokens counted).
+    pub fn counts_tokens(&self, model: &str) -> bool {
+        self.policy.as_ref().is_some_and(|p| {
+            p.limits.tokens_per_minute.is_some()
+                || (self.key_id.is_some() && p.key_limits.tokens_per_minute.is_some())
+                || p.model_limits
+                    .get(model)
+                    .is_some_and(|l| l.tokens_per_minute.is_some())
+        })
+    }
+
     /// The tenant's queue priority class, by name.
     pub fn priority(&self) -> Option<&str> {
         self.policy.as_ref()?.priority.as_deref()

@@ -92,12 +92,29 @@ struct ScopeRef<'a> {
     /// Unique among scopes: `t|acme`, `k|ab12cd34`, `m|acme|model`.
     key: String,
     limits: &'a Limits,
-    /// In words, for messages.
-    who: String,
+    /// Whose, for messages (written out only for a refusal).
+    who: Who<'a>,
+}
+
+/// Whose limit a scope is.
+enum Who<'a> {
+    Key(&'a str),
+    Tenant(&'a str),
+    TenantModel(&'a str, &'a str),
+}
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Who::Key(id) => write!(f, "key `{id}`"),
+            Who::Tenant(t) => write!(f, "tenant `{t}`"),
+            Who::TenantModel(t, m) => write!(f, "tenant `{t}` on model `{m}`"),
+        }
+    }
 }
 
 /// The scopes with limits that `tenant`'s request for `model` counts against.
-fn scopes<'a>(tenant: &'a Tenant, model: &str) -> Vec<ScopeRef<'a>> {
+fn scopes<'a>(tenant: &'a Tenant, model: &'a str) -> Vec<ScopeRef<'a>> {
     let Some(policy) = &tenant.policy else {
         return Vec::new();
     };
@@ -108,7 +125,7 @@ fn scopes<'a>(tenant: &'a Tenant, model: &str) -> Vec<ScopeRef<'a>> {
         .as_deref()
         .filter(|_| !policy.key_limits.is_empty())
     {
-        let (key, who) = (format!("k|{id}"), format!("key `{id}`"));
+        let (key, who) = (format!("k|{id}"), Who::Key(id));
         v.push(ScopeRef {
             key,
             limits: &policy.key_limits,
@@ -116,7 +133,7 @@ fn scopes<'a>(tenant: &'a Tenant, model: &str) -> Vec<ScopeRef<'a>> {
         });
     }
     if !policy.limits.is_empty() {
-        let (key, who) = (format!("t|{name}"), format!("tenant `{name}`"));
+        let (key, who) = (format!("t|{name}"), Who::Tenant(name));
         v.push(ScopeRef {
             key,
             limits: &policy.limits,
@@ -125,7 +142,7 @@ fn scopes<'a>(tenant: &'a Tenant, model: &str) -> Vec<ScopeRef<'a>> {
     }
     if let Some(l) = policy.model_limits.get(model).filter(|l| !l.is_empty()) {
         let key = format!("m|{name}|{model}");
-        let who = format!("tenant `{name}` on model `{model}`");
+        let who = Who::TenantModel(name, model);
         v.push(ScopeRef {
             key,
             limits: l,
@@ -281,7 +298,7 @@ fn refusal(
 ) -> Box<Refusal> {
     Box::new(Refusal {
         kind,
-        scope: s.who.clone(),
+        scope: s.who.to_string(),
         limit: describe(kind, s.limits, tokens, spent),
         retry_after_s,
         headers: RateHeaders::default(),
