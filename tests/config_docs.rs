@@ -26,6 +26,10 @@ zzz = 1
 zzz = 1
 [[tenants]]
 zzz = 1
+[tenants.limits]
+zzz = 1
+[limits]
+zzz = 1
 [[prices]]
 zzz = 1
 [scaling]

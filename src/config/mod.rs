@@ -14,6 +14,7 @@ pub mod flow;
 pub mod global;
 mod key;
 pub mod kv_events;
+pub mod limits;
 pub mod observability;
 mod problems;
 mod raw;
@@ -849,7 +850,8 @@ impl RawConfig {
         }
         let mut pools = pools;
         resolve::pools(&mut pools.pools, &pools.upstream_api_key_envs, problems);
-        let tenancy = resolve::tenancy(tenancy, problems);
+        let mut tenancy = resolve::tenancy(tenancy, problems);
+        tenancy.store = limits::validate_store(self.limits, problems);
         if let Some(e) = problems.error() {
             return Err(e);
         }
@@ -1642,7 +1644,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.admin.as_ref().unwrap().token.expose(), vars[0].1);
-        assert_eq!(c.tenancy.tenants[0].api_key.expose(), vars[1].1);
+        assert_eq!(
+            c.tenancy.tenants[0].api_key.as_ref().unwrap().expose(),
+            vars[1].1
+        );
         let upstream = c.pools[0].upstream_api_key.as_ref().unwrap();
         assert_eq!(upstream.expose(), vars[2].1);
         for shown in [

@@ -4,6 +4,7 @@
 //! core schema so the sections can evolve without touching pools and workers.
 
 use super::key::Key;
+use super::limits::Limits;
 use super::resolve::{PendingTenancy, PendingTenant};
 use super::Problems;
 use serde::Deserialize;
@@ -80,16 +81,31 @@ pub struct RawTracing {
 pub struct RawTenancy {
     /// Accept `x-switchyard-tenant` from clients without a recognised key.
     pub trust_tenant_header: Option<bool>,
+    /// Refuse inference requests without a recognised API key (401).
+    pub require_key: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTenant {
     pub name: String,
-    /// Environment variable holding this tenant's API key.
-    pub api_key_env: String,
+    /// Environment variable holding this tenant's API key (hashed when read).
+    pub api_key_env: Option<String>,
+    /// The SHA-256 of this tenant's API key, as 64 hex digits.
+    pub key_sha256: Option<String>,
     /// A residency zone (`[residency]`) or region(s) this tenant's requests must stay in.
     pub residency: Option<String>,
+    /// Models (exact names or `*` globs, matched after aliases resolve) this
+    /// tenant may use; all when left out.
+    pub allowed_models: Option<Vec<String>>,
+    /// The queue priority class of this tenant's requests (`x-switchyard-priority` wins).
+    pub priority: Option<String>,
+    pub limits: Option<super::limits::RawLimits>,
+    /// Limits each of the tenant's keys has on its own.
+    pub key_limits: Option<super::limits::RawLimits>,
+    /// Limits of the tenant's requests for one model, by model name.
+    #[serde(default)]
+    pub model_limits: BTreeMap<String, super::limits::RawLimits>,
 }
 
 /// One row of the price table. Matchers left out match anything; the most
@@ -283,14 +299,25 @@ impl ScalingConfig {
 pub struct TenancyConfig {
     pub tenants: Vec<TenantConfig>,
     pub trust_tenant_header: bool,
+    pub require_key: bool,
+    /// Where limit state lives (`[limits]`).
+    pub store: super::limits::LimitsStore,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct TenantConfig {
     pub name: String,
-    pub api_key: super::Secret,
+    pub api_key: Option<super::Secret>,
+    /// SHA-256 of a key given as a hash.
+    pub key_sha256: Option<[u8; 32]>,
     /// Regions this tenant's requests may be served in (a hard constraint).
     pub residency: Option<super::global::Residency>,
+    /// Exact names or `*` globs; empty allows every model.
+    pub allowed_models: Vec<String>,
+    pub priority: Option<String>,
+    pub limits: Limits,
+    pub key_limits: Limits,
+    pub model_limits: BTreeMap<String, Limits>,
 }
 
 impl std::fmt::Debug for TenancyConfig {
@@ -299,6 +326,8 @@ impl std::fmt::Debug for TenancyConfig {
         f.debug_struct("TenancyConfig")
             .field("tenants", &names)
             .field("trust_tenant_header", &self.trust_tenant_header)
+            .field("require_key", &self.require_key)
+            .field("store", &self.store)
             .finish()
     }
 }
@@ -380,6 +409,7 @@ pub(crate) fn validate(
     let tenancy = PendingTenancy {
         tenants: validate_tenants(raw.tenants, global, p),
         trust_tenant_header: raw.tenancy.trust_tenant_header.unwrap_or(false),
+        require_key: raw.tenancy.require_key.unwrap_or(false),
     };
     (observability, tenancy)
 }
@@ -551,7 +581,7 @@ fn validate_tenants(
             p.push(format!("{name}: must not be empty"));
         } else if t.name == ANONYMOUS_TENANT || t.name == crate::config::OTHER_LABEL {
             p.push(format!("{name}: `{}` is reserved", t.name));
-        } else if tenants.iter().any(|o| o.name == t.name) {
+        } else if tenants.iter().any(|o| o.config.name == t.name) {
             p.push(format!("{name}: duplicate tenant `{}`", t.name));
         }
         // Regions or zones that were rejected while reading are missing here:
@@ -568,13 +598,54 @@ fn validate_tenants(
             res
         });
         tenants.push(PendingTenant {
+            api_key_env: t.api_key_env.clone(),
+            config: tenant_config(&key, t, residency, p),
             key,
-            name: t.name,
-            api_key_env: t.api_key_env,
-            residency,
         });
     }
     tenants
+}
+
+/// A tenant's key hash, allowed models, priority and limits.
+fn tenant_config(
+    key: &Key,
+    t: RawTenant,
+    residency: Option<super::global::Residency>,
+    p: &mut Problems,
+) -> TenantConfig {
+    let key_sha256 = t
+        .key_sha256
+        .as_deref()
+        .and_then(|h| super::limits::sha256_hex(key, h, p));
+    let allowed_models = t.allowed_models.unwrap_or_default();
+    if allowed_models.iter().any(|m| m.is_empty()) {
+        p.push(format!(
+            "{}: names must not be empty",
+            key.field("allowed_models")
+        ));
+    }
+    if t.priority.as_deref() == Some("") {
+        p.push(format!("{}: must not be empty", key.field("priority")));
+    }
+    let model_limits = t
+        .model_limits
+        .into_iter()
+        .map(|(m, l)| {
+            let k = key.field("model_limits").field(&m);
+            (m, super::limits::validate(&k, Some(l), p))
+        })
+        .collect();
+    TenantConfig {
+        name: t.name,
+        api_key: None,
+        key_sha256,
+        residency,
+        allowed_models,
+        priority: t.priority,
+        limits: super::limits::validate(&key.field("limits"), t.limits, p),
+        key_limits: super::limits::validate(&key.field("key_limits"), t.key_limits, p),
+        model_limits,
+    }
 }
 
 fn scaling_targets(

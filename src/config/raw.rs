@@ -30,6 +30,9 @@ pub struct RawConfig {
     pub tenancy: super::observability::RawTenancy,
     #[serde(default)]
     pub tenants: Vec<super::observability::RawTenant>,
+    /// `[limits]`: where tenant limit state lives (`config/limits.rs`).
+    #[serde(default)]
+    pub limits: super::limits::RawLimitsStore,
     // Global routing (validated in `config/global.rs`).
     /// `[regions.NAME]`: declared regions, their spill order and round-trip times.
     #[serde(default)]

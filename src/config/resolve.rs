@@ -5,7 +5,7 @@
 
 use super::key::Key;
 use super::observability::{TenancyConfig, TenantConfig};
-use super::{weak_token, AdminConfig, PoolConfig, Problems, Residency};
+use super::{weak_token, AdminConfig, PoolConfig, Problems};
 use std::net::SocketAddr;
 
 /// The admin listener before its token is read. `listen` is `None` when rejected.
@@ -18,15 +18,16 @@ pub(crate) struct PendingAdmin {
 /// A tenant (`key` is `tenants[N]`) before its API key is read.
 pub(crate) struct PendingTenant {
     pub key: Key,
-    pub name: String,
-    pub api_key_env: String,
-    pub residency: Option<Residency>,
+    pub api_key_env: Option<String>,
+    /// Everything but `api_key`.
+    pub config: TenantConfig,
 }
 
 /// `[tenancy]` and `[[tenants]]` before the keys are read.
 pub(crate) struct PendingTenancy {
     pub tenants: Vec<PendingTenant>,
     pub trust_tenant_header: bool,
+    pub require_key: bool,
 }
 
 /// The admin token: set, and not too weak to accept.
@@ -61,30 +62,31 @@ pub(crate) fn pools(pools: &mut [PoolConfig], key_envs: &[Option<String>], p: &m
     }
 }
 
-/// The tenants' API keys, each one tenant's; a tenant whose key is not set is
-/// left out.
+/// The tenants' API keys, each one tenant's; a tenant whose key variable is
+/// not set is left out.
 pub(crate) fn tenancy(t: PendingTenancy, p: &mut Problems) -> TenancyConfig {
     let mut tenants: Vec<TenantConfig> = Vec::new();
     for t in t.tenants {
-        let key_env = t.key.field("api_key_env");
-        let Some(api_key) = p.secret(&key_env, &t.api_key_env) else {
-            continue;
-        };
-        if tenants.iter().any(|o| o.api_key == api_key) {
-            p.push(format!(
-                "{key_env}: the key in `{}` is already another tenant's",
-                t.api_key_env
-            ));
+        let mut config = t.config;
+        if let Some(var) = &t.api_key_env {
+            let key_env = t.key.field("api_key_env");
+            let Some(api_key) = p.secret(&key_env, var) else {
+                continue;
+            };
+            if tenants.iter().any(|o| o.api_key.as_ref() == Some(&api_key)) {
+                p.push(format!(
+                    "{key_env}: the key in `{var}` is already another tenant's"
+                ));
+            }
+            config.api_key = Some(api_key);
         }
-        tenants.push(TenantConfig {
-            name: t.name,
-            api_key,
-            residency: t.residency,
-        });
+        tenants.push(config);
     }
     TenancyConfig {
         tenants,
         trust_tenant_header: t.trust_tenant_header,
+        require_key: t.require_key,
+        store: Default::default(),
     }
 }
 

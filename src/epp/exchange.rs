@@ -270,8 +270,8 @@ impl Exchange {
         let tenant = gw
             .tenancy
             .load()
-            .resolve(&self.headers)
-            .map_err(|_| GatewayError::TenantNeedsKey)?;
+            .resolve(&self.headers, &gw.keys)
+            .map_err(GatewayError::from)?;
         let residency = request_residency(
             &snap.config.global,
             tenant.residency.as_ref(),

@@ -88,6 +88,15 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// The tokenizer of pool `pool`, when it has one (`tokenizer` with KV events):
+    /// limits count prompt tokens with it exactly.
+    pub fn prompt_tokenizer(
+        &self,
+        pool: &str,
+    ) -> Option<Arc<dyn crate::tokenize::PromptTokenizer>> {
+        self.kv.get(pool)?.tokenizer.clone()
+    }
+
     /// The pool's KV-event state (kept across rebuilds while its settings hold),
     /// its subscribers synced with `workers`; `None` when no worker publishes events.
     fn pool_kv(&self, pc: &PoolConfig, workers: &[Arc<Worker>]) -> Option<Arc<PoolKv>> {

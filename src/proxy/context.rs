@@ -28,6 +28,9 @@ pub struct RequestTags {
     pub trace: TraceContext,
     /// The pool the model name resolved to.
     pub pool: Option<SharedString>,
+    /// The request's share of its tenant's limits: concurrency slots held until
+    /// this context drops, the token estimate corrected at `finish`.
+    pub admitted: Option<crate::tenancy::limits::Admitted>,
     attempts: AtomicU32,
     /// Time spent waiting on workers, the pool queue and retry backoff (ns).
     waited_ns: AtomicU64,
@@ -51,6 +54,7 @@ impl RequestTags {
             stream: false,
             trace,
             pool: None,
+            admitted: None,
             attempts: AtomicU32::new(0),
             waited_ns: AtomicU64::new(0),
         }
@@ -114,10 +118,14 @@ impl RequestTags {
     }
 
     /// Phase: finish. The request ended (answered, failed or refused): every
-    /// sink is fed once.
+    /// sink is fed once, and its limits learn the tokens it used and its cost.
     pub fn finish(&self, endpoint: &'static str, status: u16, end: End<'_>) {
         let request_id = self.request_id.to_str().unwrap_or("");
-        self.sinks.finish(&RequestRecord {
+        let used = match &end {
+            End::Proxied { m, .. } => m.prompt_tokens.map(|p| p + m.output_tokens),
+            End::Refused { .. } => Some(0),
+        };
+        let usd = self.sinks.finish(&RequestRecord {
             request_id,
             tenant: &self.tenant.name,
             tenant_label: &self.tenant_label,
@@ -131,5 +139,8 @@ impl RequestTags {
             pool: self.pool.as_ref(),
             end,
         });
+        if let Some(a) = &self.admitted {
+            a.settle(used, usd);
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! error type, a low-cardinality `reason` label, and whether another worker may be tried.
 
 use crate::api::ErrorBody;
+use crate::tenancy::limits::LimitKind;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +48,17 @@ pub enum GatewayError {
         "x-switchyard-tenant names a tenant that has API keys; authenticate with its key instead"
     )]
     TenantNeedsKey,
+    /// `tenancy.require_key` and no key was presented.
+    #[error("You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`.")]
+    MissingApiKey,
+    #[error("Incorrect API key provided.")]
+    InvalidApiKey,
+    /// The tenant's `allowed_models` leave this model out.
+    #[error("Your API key may not use the model `{0}`")]
+    ModelNotAllowed(String),
+    /// Over a rate limit or a spend budget.
+    #[error("{}", .0.message())]
+    Limited(Box<crate::tenancy::limits::Refusal>),
     #[error("Method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
     #[error("Unknown request URL: {0}")]
@@ -109,7 +121,10 @@ impl GatewayError {
             HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            TenantNeedsKey => StatusCode::UNAUTHORIZED,
+            TenantNeedsKey | MissingApiKey | InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            Limited(r) if r.kind == LimitKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
             | UnknownResponse(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -144,6 +159,10 @@ impl GatewayError {
             BadFraming(_) => "bad_framing",
             MethodNotAllowed { .. } => "method_not_allowed",
             TenantNeedsKey => "tenant_needs_key",
+            MissingApiKey => "missing_api_key",
+            InvalidApiKey => "invalid_api_key",
+            ModelNotAllowed(_) => "model_not_allowed",
+            Limited(r) => r.kind.as_str(),
             NotFound(_) => "not_found",
             ResponseOwnerGone(_) => "response_owner_gone",
             UnknownResponse(_) => "unknown_response",
@@ -181,6 +200,10 @@ impl GatewayError {
             | BadFraming(_)
             | MethodNotAllowed { .. }
             | TenantNeedsKey
+            | MissingApiKey
+            | InvalidApiKey
+            | ModelNotAllowed(_)
+            | Limited(_)
             | UnknownModel(_)
             | NotFound(_)
             | UnknownResponse(_)
@@ -226,7 +249,11 @@ impl GatewayError {
     fn openai_type(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            TenantNeedsKey => "authentication_error",
+            TenantNeedsKey | MissingApiKey | InvalidApiKey => "authentication_error",
+            ModelNotAllowed(_) => "permission_error",
+            Limited(r) if r.kind.is_budget() => "insufficient_quota",
+            Limited(r) if r.kind == LimitKind::StoreUnavailable => "service_unavailable",
+            Limited(_) => "rate_limit_exceeded",
             NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
             ResponseOwnerGone(_) => "invalid_request_error",
             ResponseOwnerUnavailable { .. } => "service_unavailable",
@@ -249,7 +276,13 @@ impl GatewayError {
             InvalidHeader(h) => (Some(*h), Some("invalid_header")),
             BodyTimeout(_) => (None, Some("request_timeout")),
             MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
-            TenantNeedsKey => (None, Some("invalid_api_key")),
+            TenantNeedsKey | MissingApiKey | InvalidApiKey => (None, Some("invalid_api_key")),
+            ModelNotAllowed(_) => (Some("model"), Some("model_not_allowed")),
+            Limited(r) if r.kind.is_budget() => (Some(r.kind.as_str()), Some("insufficient_quota")),
+            Limited(r) if r.kind == LimitKind::StoreUnavailable => {
+                (None, Some("limits_store_unavailable"))
+            }
+            Limited(r) => (Some(r.kind.as_str()), Some("rate_limit_exceeded")),
             NotFound(_) => (None, Some("unknown_url")),
             ResponseOwnerGone(_) => (Some("previous_response_id"), Some("response_owner_gone")),
             UnknownResponse(_) => (None, Some("response_not_found")),
@@ -325,11 +358,27 @@ impl GatewayError {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if let GatewayError::Limited(r) = self {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_s));
+            r.headers.write(resp.headers_mut());
+        }
         if self.closes_connection() {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
+    }
+}
+
+impl From<crate::tenancy::Refused> for GatewayError {
+    fn from(r: crate::tenancy::Refused) -> GatewayError {
+        use crate::tenancy::Refused;
+        match r {
+            Refused::TenantNeedsKey => GatewayError::TenantNeedsKey,
+            Refused::MissingKey => GatewayError::MissingApiKey,
+            Refused::UnknownKey => GatewayError::InvalidApiKey,
+        }
     }
 }
 

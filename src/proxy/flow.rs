@@ -12,13 +12,15 @@ use crate::pool::flow::{Place, Priority, QueueError, Ticket};
 use crate::routes::ModelRoute;
 use std::sync::Arc;
 
-/// The request's class: `x-switchyard-priority`, else `normal`.
+/// The request's class: `x-switchyard-priority`, else its tenant's
+/// `priority`, else `normal`.
 pub(super) fn priority(ctx: &ForwardContext<'_>) -> Priority {
     Priority::parse(
         ctx.parts
             .headers
             .get(PRIORITY_HEADER)
-            .and_then(|v| v.to_str().ok()),
+            .and_then(|v| v.to_str().ok())
+            .or(ctx.tags.tenant.priority()),
     )
 }
 

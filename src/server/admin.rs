@@ -1,5 +1,6 @@
 //! The admin API, on its own listener (loopback by default) and always behind a
-//! bearer token: list workers with live state, add/remove, drain/undrain, reload.
+//! bearer token: list workers with live state, add/remove, drain/undrain, reload,
+//! and API keys (`admin_keys`).
 
 use super::Gateway;
 use crate::api::ErrorBody;
@@ -9,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -54,11 +55,16 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/admin/workers/undrain", post(undrain))
         .route("/admin/reload", post(reload))
         .route("/admin/scaling", get(scaling))
+        .route(
+            "/admin/keys",
+            get(super::admin_keys::list).post(super::admin_keys::create),
+        )
+        .route("/admin/keys/{id}", delete(super::admin_keys::revoke))
         .layer(middleware::from_fn_with_state(gw.clone(), authenticate))
         .with_state(gw)
 }
 
-fn error(status: StatusCode, msg: &str) -> Response {
+pub(super) fn error(status: StatusCode, msg: &str) -> Response {
     let kind = if status == StatusCode::UNAUTHORIZED {
         "authentication_error"
     } else {

@@ -98,6 +98,9 @@ where
         Ok(r) => r,
         Err(e) => inbound.finish_error(&e, &tags, known),
     };
+    if let Some(a) = &tags.admitted {
+        a.headers.write(resp.headers_mut());
+    }
     resp.headers_mut().insert(request_id::HEADER, request_id);
     resp
 }
@@ -122,9 +125,12 @@ impl<'a> Inbound<'a> {
     fn admit(&self) -> Result<(Arc<RequestTags>, AskedResidency), GatewayError> {
         let headers = &self.parts.headers;
         check_routing_headers(headers)?;
-        let Ok(tenant) = self.gw.tenancy.load().resolve(headers) else {
-            return Err(GatewayError::TenantNeedsKey);
-        };
+        let tenant = self
+            .gw
+            .tenancy
+            .load()
+            .resolve(headers, &self.gw.keys)
+            .map_err(|r| refused_by_tenancy(r.into()))?;
         let config = &self.snap.config;
         let residency = request_residency(
             &config.global,
@@ -174,6 +180,7 @@ impl<'a> Inbound<'a> {
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
         }
+        self.limit(route, &info, &body, tags).await?;
         self.admission_span(tags, info.model.as_deref().unwrap_or_default());
         // Phase: forward, along the fallback chain.
         let pool_body = proxy::for_pool(
@@ -391,6 +398,58 @@ impl<'a> Inbound<'a> {
         Ok((route, body))
     }
 
+    /// Phase: limit. The tenant may use the model its request resolved to, and
+    /// the request fits the tenant's limits (tokens estimated from the body);
+    /// the admission rides in the tags, so the request's end settles it.
+    async fn limit(
+        &self,
+        route: &ModelRoute,
+        info: &api::RequestInfo,
+        body: &Bytes,
+        tags: &mut Arc<RequestTags>,
+    ) -> Result<(), GatewayError> {
+        let tenant = &tags.tenant;
+        if tenant.policy.is_none() {
+            return Ok(());
+        }
+        if !tenant.allows(&route.model) {
+            let model = info.model.as_deref().unwrap_or(&route.model);
+            return Err(refused_by_tenancy(GatewayError::ModelNotAllowed(
+                api::error::echo(model),
+            )));
+        }
+        let estimate = if tenant.counts_tokens(&route.model) {
+            self.prompt_tokens(route, info, body)
+        } else {
+            0
+        };
+        let admitted = self
+            .gw
+            .limits
+            .admit(tenant, &route.model, estimate)
+            .await
+            .map_err(|r| refused_by_tenancy(GatewayError::Limited(r)))?;
+        if let Some(t) = unshared(tags) {
+            t.admitted = admitted;
+        }
+        Ok(())
+    }
+
+    /// A request's prompt tokens: exactly, with the pool's tokenizer (its
+    /// segment cache makes the routing's later count nearly free), else estimated.
+    fn prompt_tokens(&self, route: &ModelRoute, info: &api::RequestInfo, body: &Bytes) -> u64 {
+        let exact = self
+            .gw
+            .registry
+            .prompt_tokenizer(&route.pool.name)
+            .and_then(|t| t.prompt_tokens(self.endpoint, body).ok())
+            .map(|t| t.len() as u64);
+        exact.unwrap_or_else(|| {
+            let text = info.routing_text.as_ref().map_or(0, |t| t.len());
+            crate::tenancy::limits::estimate_tokens(text, info.max_tokens, false)
+        })
+    }
+
     /// The forwarding context of a resolved request (no pinned worker, no
     /// streamed upload: callers that have one set it).
     fn context<'b>(
@@ -470,6 +529,13 @@ impl<'a> Inbound<'a> {
             self.snap.config.server.debug_headers,
         )
     }
+}
+
+/// A refusal by tenancy (key, model or limit), counted by reason.
+fn refused_by_tenancy(e: GatewayError) -> GatewayError {
+    metrics::counter!(telemetry::names::LIMIT_REFUSALS_TOTAL, telemetry::names::L_REASON => e.reason())
+        .increment(1);
+    e
 }
 
 /// A pinned request's failure: the owner did not answer (no other worker

@@ -2,6 +2,7 @@
 //! and graceful shutdown. Everything model-specific is delegated to `proxy/`.
 
 pub mod admin;
+mod admin_keys;
 mod conn;
 mod cors;
 pub mod dashboard;
@@ -51,6 +52,10 @@ pub struct Gateway {
     pub fleet: Arc<pool::fleet::Fleet>,
     /// API key → tenant; rebuilt on reload.
     pub tenancy: arc_swap::ArcSwap<crate::tenancy::Tenancy>,
+    /// Keys created through the admin API (they outlive reloads).
+    pub keys: Arc<crate::tenancy::keys::IssuedKeys>,
+    /// Rate, concurrency and budget state (it outlives reloads).
+    pub limits: crate::tenancy::limits::Limiter,
     shutting_down: AtomicBool,
     reloader: arc_swap::ArcSwapOption<Reloader>,
     /// TLS of the client listener, when `server.tls` is set.
@@ -80,6 +85,11 @@ impl Gateway {
         let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
+        let limits = crate::tenancy::limits::Limiter::new(&config.tenancy.store);
+        let keys = Arc::new(crate::tenancy::keys::IssuedKeys::default());
+        if let Some(conn) = limits.redis() {
+            crate::tenancy::shared_keys::spawn_sync(conn, keys.clone());
+        }
         let registry = Registry::new(config);
         let routes = RouteTable::follow(&registry);
         pool::fleet::spawn_ticker(sinks.clone(), fleet.clone(), registry.clone());
@@ -96,6 +106,8 @@ impl Gateway {
             sinks,
             fleet,
             tenancy,
+            keys,
+            limits,
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
             tls,

@@ -52,6 +52,8 @@ pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const TLS_CERT_RELOADS_TOTAL: &str = "switchyard_tls_certificate_reloads_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "switchyard_tls_handshake_failures_total";
 pub const CORS_REFUSED_TOTAL: &str = "switchyard_cors_refused_total";
+pub const LIMIT_REFUSALS_TOTAL: &str = "switchyard_limit_refusals_total";
+pub const LIMITS_STORE_ERRORS_TOTAL: &str = "switchyard_limits_store_errors_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
 pub const CANCELLATIONS_TOTAL: &str = "switchyard_cancellations_total";
@@ -136,10 +138,19 @@ pub const L_TARGET: &str = "target";
 pub const L_FROM: &str = "from";
 pub const L_TO: &str = "to";
 pub const L_STICKY: &str = "sticky";
+pub const L_OP: &str = "op";
 
 /// Register help text and units for every metric.
 pub fn describe() {
     describe_kv_events();
+    describe_counter!(
+        LIMITS_STORE_ERRORS_TOTAL,
+        "Failed calls to the shared limits store (Redis), by op (admit, settle); on_redis_error decides what admit failures do."
+    );
+    describe_counter!(
+        LIMIT_REFUSALS_TOTAL,
+        "Requests refused by tenancy, by reason: missing_api_key, invalid_api_key, model_not_allowed, or the limit's name (requests_per_minute, tokens_per_minute, max_concurrent_requests, daily_budget_usd, monthly_budget_usd)."
+    );
     describe_counter!(
         CANCELLATIONS_TOTAL,
         "Responses the client left before their end, by worker and how the engine was told (connection_closed; abort_sent or abort_failed for SGLang's /abort_request)."

@@ -1,16 +1,25 @@
-//! Tenancy (minimal): who is calling. A client's `Authorization: Bearer KEY` (or
-//! Anthropic's `x-api-key: KEY`) is
-//! mapped to a configured tenant through a map of key hashes (the keys themselves
-//! are never stored here, logged or compared byte by byte); without a recognised
-//! key the tenant is `anonymous`, or the `x-switchyard-tenant` header when the
-//! config trusts it. The tenant travels with the request (`telemetry::RequestTags`)
-//! so metrics and cost can use it; a tenant's residency (`[[tenants]] residency`)
-//! is a hard constraint on the regions its requests may be served in.
+//! Tenancy: who is calling, and what they may do. A client's
+//! `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) is mapped to a
+//! configured tenant by the key's SHA-256 digest (`keys`: the keys themselves are
+//! never stored, logged or compared byte by byte); keys the admin API issued are
+//! found by their public id and compared in constant time. Without a recognised
+//! key the tenant is `anonymous` (or, with `require_key`, the request is refused),
+//! or the `x-switchyard-tenant` header when the config trusts it. The tenant
+//! travels with the request (`proxy::RequestTags`) so metrics, cost and limits
+//! (`limits`) can use it; a tenant's residency is a hard constraint on the
+//! regions its requests may be served in, its `allowed_models` a hard constraint
+//! on the models.
 
-use crate::config::observability::ANONYMOUS_TENANT;
+pub mod keys;
+pub mod limits;
+pub mod shared_keys;
+
+use crate::config::limits::Limits;
+use crate::config::observability::{TenantConfig, ANONYMOUS_TENANT};
 use crate::config::{Residency, TenancyConfig};
 use http::HeaderMap;
-use std::collections::HashMap;
+use keys::{Digest, IssuedKeys};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Header naming the tenant, honoured only with `tenancy.trust_tenant_header`.
@@ -22,22 +31,83 @@ const MAX_HEADER_TENANT: usize = 64;
 
 /// A resolved tenant. `name` is the tenant's real name (for routing and the access
 /// log); metric labels go through the bounded label set in `telemetry`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Tenant {
     pub name: Arc<str>,
     /// The tenant was identified by a configured API key.
     pub authenticated: bool,
     /// The regions this tenant's requests must stay in.
     pub residency: Option<Residency>,
+    /// Public id of the key the request came with (per-key limits).
+    pub key_id: Option<Arc<str>>,
+    /// A configured tenant's models, priority and limits.
+    pub policy: Option<Arc<TenantPolicy>>,
+}
+
+/// What a configured tenant may do.
+#[derive(Debug, PartialEq, Default)]
+pub struct TenantPolicy {
+    /// Exact names or `*` globs; empty allows every model.
+    pub allowed_models: Vec<String>,
+    pub priority: Option<String>,
+    pub limits: Limits,
+    pub key_limits: Limits,
+    pub model_limits: BTreeMap<String, Limits>,
+}
+
+impl Tenant {
+    /// Whether the tenant may use `model` (the configured name, after aliases).
+    pub fn allows(&self, model: &str) -> bool {
+        self.policy.as_ref().is_none_or(|p| {
+            p.allowed_models.is_empty() || p.allowed_models.iter().any(|g| glob(g, model))
+        })
+    }
+
+    /// Whether a request for `model` counts against a tokens-per-minute limit
+    /// (only then are its prompt tokens counted).
+    pub fn counts_tokens(&self, model: &str) -> bool {
+        self.policy.as_ref().is_some_and(|p| {
+            p.limits.tokens_per_minute.is_some()
+                || (self.key_id.is_some() && p.key_limits.tokens_per_minute.is_some())
+                || p.model_limits
+                    .get(model)
+                    .is_some_and(|l| l.tokens_per_minute.is_some())
+        })
+    }
+
+    /// The tenant's queue priority class, by name.
+    pub fn priority(&self) -> Option<&str> {
+        self.policy.as_ref()?.priority.as_deref()
+    }
+}
+
+/// `pattern` matches `s`, where `*` matches any run of characters.
+fn glob(pattern: &str, s: &str) -> bool {
+    let Some((first, rest)) = pattern.split_once('*') else {
+        return pattern == s;
+    };
+    let Some(mut tail) = s.strip_prefix(first) else {
+        return false;
+    };
+    let mut parts: Vec<&str> = rest.split('*').collect();
+    let last = parts.pop().unwrap_or_default();
+    for part in parts {
+        match tail.find(part) {
+            Some(at) => tail = &tail[at + part.len()..],
+            None => return false,
+        }
+    }
+    tail.len() >= last.len() && tail.ends_with(last)
 }
 
 /// API-key → tenant lookup, built from the config.
 pub struct Tenancy {
-    by_key_hash: HashMap<[u8; 16], Tenant>,
-    /// Names of the tenants that have keys: the header may not claim them.
-    keyed: std::collections::HashSet<Arc<str>>,
+    by_digest: HashMap<Digest, Tenant>,
+    /// Configured tenants by name (keys issued later name them).
+    by_name: HashMap<Arc<str>, Tenant>,
     anonymous: Tenant,
     trust_header: bool,
+    require_key: bool,
 }
 
 /// The token of an `Authorization: Bearer TOKEN` value; the scheme name is
@@ -50,45 +120,90 @@ pub fn bearer_token(v: &[u8]) -> Option<&[u8]> {
         .filter(|t| !t.is_empty())
 }
 
-/// A keyed 128-bit hash of an API key. The map holds only these, so a lookup's
-/// timing does not depend on how many leading bytes of a key match.
-fn key_hash(key: &[u8]) -> [u8; 16] {
-    xxhash_rust::xxh3::xxh3_128_with_seed(key, 0x5357_4954_4348_5944).to_le_bytes()
+/// A configured tenant, before any key is known.
+fn configured(t: &TenantConfig) -> Tenant {
+    Tenant {
+        name: Arc::from(t.name.as_str()),
+        authenticated: true,
+        residency: t.residency.clone(),
+        key_id: None,
+        policy: Some(Arc::new(TenantPolicy {
+            allowed_models: t.allowed_models.clone(),
+            priority: t.priority.clone(),
+            limits: t.limits.clone(),
+            key_limits: t.key_limits.clone(),
+            model_limits: t.model_limits.clone(),
+        })),
+    }
 }
 
 impl Tenancy {
     pub fn new(cfg: &TenancyConfig) -> Tenancy {
-        let by_key_hash = cfg
-            .tenants
-            .iter()
-            .map(|t| {
-                (
-                    key_hash(t.api_key.expose().as_bytes()),
-                    Tenant {
-                        name: Arc::from(t.name.as_str()),
-                        authenticated: true,
-                        residency: t.residency.clone(),
-                    },
-                )
-            })
-            .collect::<HashMap<_, Tenant>>();
-        let keyed = by_key_hash.values().map(|t| t.name.clone()).collect();
+        let mut by_digest = HashMap::new();
+        let mut by_name = HashMap::new();
+        for t in &cfg.tenants {
+            let tenant = configured(t);
+            let plain = t.api_key.as_ref().map(|k| k.expose().as_bytes());
+            let digests = plain.map(keys::digest).into_iter().chain(t.key_sha256);
+            for d in digests {
+                let key_id = keys::config_id(plain.filter(|p| keys::digest(p) == d), &d);
+                let keyed = Tenant {
+                    key_id: Some(Arc::from(key_id)),
+                    ..tenant.clone()
+                };
+                by_digest.insert(d, keyed);
+            }
+            by_name.insert(tenant.name.clone(), tenant);
+        }
         Tenancy {
-            by_key_hash,
-            keyed,
+            by_digest,
+            by_name,
             anonymous: Tenant {
                 name: Arc::from(ANONYMOUS_TENANT),
                 authenticated: false,
                 residency: None,
+                key_id: None,
+                policy: None,
             },
             trust_header: cfg.trust_tenant_header,
+            require_key: cfg.require_key,
         }
+    }
+
+    /// Whether `name` is a configured tenant (keys may be issued for it).
+    pub fn has_tenant(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The configured keys: (public id, tenant), sorted.
+    pub fn config_keys(&self) -> Vec<(Arc<str>, Arc<str>)> {
+        let mut v: Vec<_> = self
+            .by_digest
+            .values()
+            .filter_map(|t| Some((t.key_id.clone()?, t.name.clone())))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The tenant of a presented key: a configured key, or one the admin API issued.
+    fn by_key(&self, key: &[u8], issued: &IssuedKeys) -> Option<Tenant> {
+        let d = keys::digest(key);
+        if let Some(t) = self.by_digest.get(&d) {
+            return Some(t.clone());
+        }
+        let e = issued.find(key, &d)?;
+        let t = self.by_name.get(&e.tenant)?;
+        Some(Tenant {
+            key_id: Some(e.id),
+            ..t.clone()
+        })
     }
 
     /// The tenant of a request, from its headers. The tenant header is the
     /// trust boundary's one exception: with `trust_tenant_header` a front proxy
-    /// may name a tenant, but never one that has keys (that needs the key).
-    pub fn resolve(&self, headers: &HeaderMap) -> Result<Tenant, Refused> {
+    /// may name a tenant, but never a configured one (that needs its key).
+    pub fn resolve(&self, headers: &HeaderMap, issued: &IssuedKeys) -> Result<Tenant, Refused> {
         // Anthropic's clients send their key as `x-api-key`.
         let bearer = headers
             .get(http::header::AUTHORIZATION)
@@ -97,10 +212,18 @@ impl Tenancy {
             .get(API_KEY_HEADER)
             .map(|v| v.as_bytes().trim_ascii())
             .filter(|k| !k.is_empty());
+        let presented = bearer.is_some() || api_key.is_some();
         for k in [bearer, api_key].into_iter().flatten() {
-            if let Some(t) = self.by_key_hash.get(&key_hash(k)) {
-                return Ok(t.clone());
+            if let Some(t) = self.by_key(k, issued) {
+                return Ok(t);
             }
+        }
+        if self.require_key {
+            return Err(if presented {
+                Refused::UnknownKey
+            } else {
+                Refused::MissingKey
+            });
         }
         if self.trust_header {
             let named = headers
@@ -113,13 +236,12 @@ impl Tenancy {
                             .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
                 });
             if let Some(n) = named {
-                if self.keyed.contains(n) {
-                    return Err(Refused);
+                if self.by_name.contains_key(n) {
+                    return Err(Refused::TenantNeedsKey);
                 }
                 return Ok(Tenant {
                     name: Arc::from(n),
-                    authenticated: false,
-                    residency: None,
+                    ..self.anonymous.clone()
                 });
             }
         }
@@ -127,31 +249,44 @@ impl Tenancy {
     }
 }
 
-/// A request named, in the tenant header, a tenant that has API keys without
-/// presenting one of them.
+/// Why a request has no tenant.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Refused;
+pub enum Refused {
+    /// The tenant header named a configured tenant without one of its keys.
+    TenantNeedsKey,
+    /// `require_key`, and no key was presented.
+    MissingKey,
+    /// `require_key`, and the key presented is not one of ours.
+    UnknownKey,
+}
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::observability::TenantConfig;
 
+    fn none() -> IssuedKeys {
+        IssuedKeys::default()
+    }
+
     fn tenancy(trust: bool) -> Tenancy {
         Tenancy::new(&TenancyConfig {
             tenants: vec![
                 TenantConfig {
                     name: "acme".into(),
-                    api_key: "sk-acme-123".into(),
-                    residency: None,
+                    api_key: Some("sk-acme-123".into()),
+                    allowed_models: vec!["m".into(), "llama-*-8b".into()],
+                    ..Default::default()
                 },
                 TenantConfig {
                     name: "globex".into(),
-                    api_key: "sk-globex-456".into(),
-                    residency: None,
+                    key_sha256: Some(keys::digest(b"sk-globex-456")),
+                    ..Default::default()
                 },
             ],
             trust_tenant_header: trust,
+            require_key: false,
+            store: Default::default(),
         })
     }
 
@@ -170,24 +305,30 @@ mod tests {
     fn keys_map_to_tenants_and_unknown_keys_are_anonymous() {
         let t = tenancy(false);
         let acme = t
-            .resolve(&headers(&[("authorization", "Bearer sk-acme-123")]))
+            .resolve(
+                &headers(&[("authorization", "Bearer sk-acme-123")]),
+                &none(),
+            )
             .unwrap();
         assert_eq!(&*acme.name, "acme");
         assert!(acme.authenticated);
         assert_eq!(
-            &*t.resolve(&headers(&[("authorization", "Bearer sk-globex-456")]))
-                .unwrap()
-                .name,
+            &*t.resolve(
+                &headers(&[("authorization", "Bearer sk-globex-456")]),
+                &none()
+            )
+            .unwrap()
+            .name,
             "globex"
         );
         assert_eq!(
-            &*t.resolve(&headers(&[("authorization", "Bearer sk-acme-12")]))
+            &*t.resolve(&headers(&[("authorization", "Bearer sk-acme-12")]), &none())
                 .unwrap()
                 .name,
             ANONYMOUS_TENANT
         );
         assert_eq!(
-            &*t.resolve(&HeaderMap::new()).unwrap().name,
+            &*t.resolve(&HeaderMap::new(), &none()).unwrap().name,
             ANONYMOUS_TENANT
         );
     }
@@ -196,31 +337,37 @@ mod tests {
     fn x_api_key_maps_to_tenants_like_bearer() {
         let t = tenancy(false);
         let h = headers(&[("x-api-key", "sk-acme-123")]);
-        assert_eq!(&*t.resolve(&h).unwrap().name, "acme");
+        assert_eq!(&*t.resolve(&h, &none()).unwrap().name, "acme");
         // An unknown bearer token does not hide a known x-api-key.
         let both = headers(&[
             ("authorization", "Bearer nope"),
             ("x-api-key", "sk-globex-456"),
         ]);
-        assert_eq!(&*t.resolve(&both).unwrap().name, "globex");
+        assert_eq!(&*t.resolve(&both, &none()).unwrap().name, "globex");
         let wrong = headers(&[("x-api-key", "sk-acme-12")]);
-        assert_eq!(&*t.resolve(&wrong).unwrap().name, ANONYMOUS_TENANT);
+        assert_eq!(&*t.resolve(&wrong, &none()).unwrap().name, ANONYMOUS_TENANT);
     }
 
     #[test]
     fn the_tenant_header_is_honoured_only_when_trusted() {
         let h = headers(&[(TENANT_HEADER.as_str(), "team-7")]);
-        assert_eq!(&*tenancy(false).resolve(&h).unwrap().name, ANONYMOUS_TENANT);
-        assert_eq!(&*tenancy(true).resolve(&h).unwrap().name, "team-7");
+        assert_eq!(
+            &*tenancy(false).resolve(&h, &none()).unwrap().name,
+            ANONYMOUS_TENANT
+        );
+        assert_eq!(&*tenancy(true).resolve(&h, &none()).unwrap().name, "team-7");
         // A key wins over the header; odd header values are ignored.
         let both = headers(&[
             (TENANT_HEADER.as_str(), "team-7"),
             ("authorization", "Bearer sk-acme-123"),
         ]);
-        assert_eq!(&*tenancy(true).resolve(&both).unwrap().name, "acme");
+        assert_eq!(
+            &*tenancy(true).resolve(&both, &none()).unwrap().name,
+            "acme"
+        );
         let odd = headers(&[(TENANT_HEADER.as_str(), "a b")]);
         assert_eq!(
-            &*tenancy(true).resolve(&odd).unwrap().name,
+            &*tenancy(true).resolve(&odd, &none()).unwrap().name,
             ANONYMOUS_TENANT
         );
     }
@@ -235,16 +382,19 @@ mod tests {
         assert_eq!(bearer_token(b"Bear"), None);
         let t = tenancy(false);
         let lower = headers(&[("authorization", "bearer sk-acme-123")]);
-        assert_eq!(&*t.resolve(&lower).unwrap().name, "acme");
+        assert_eq!(&*t.resolve(&lower, &none()).unwrap().name, "acme");
     }
 
     #[test]
     fn the_tenant_header_cannot_claim_a_keyed_tenant() {
         let claim = headers(&[(TENANT_HEADER.as_str(), "acme")]);
-        assert_eq!(tenancy(true).resolve(&claim), Err(Refused));
+        assert_eq!(
+            tenancy(true).resolve(&claim, &none()),
+            Err(Refused::TenantNeedsKey)
+        );
         // Untrusted, the header is ignored altogether.
         assert_eq!(
-            &*tenancy(false).resolve(&claim).unwrap().name,
+            &*tenancy(false).resolve(&claim, &none()).unwrap().name,
             ANONYMOUS_TENANT
         );
         // With acme's key the request is acme's, whatever the header says.
@@ -252,6 +402,80 @@ mod tests {
             (TENANT_HEADER.as_str(), "globex"),
             ("authorization", "Bearer sk-acme-123"),
         ]);
-        assert_eq!(&*tenancy(true).resolve(&keyed).unwrap().name, "acme");
+        assert_eq!(
+            &*tenancy(true).resolve(&keyed, &none()).unwrap().name,
+            "acme"
+        );
+    }
+
+    #[test]
+    fn require_key_refuses_missing_and_unknown_keys() {
+        let mut cfg = TenancyConfig {
+            tenants: vec![TenantConfig {
+                name: "acme".into(),
+                api_key: Some("sk-acme-123".into()),
+                ..Default::default()
+            }],
+            trust_tenant_header: true,
+            require_key: true,
+            store: Default::default(),
+        };
+        let t = Tenancy::new(&cfg);
+        let issued = none();
+        assert_eq!(
+            t.resolve(&HeaderMap::new(), &issued),
+            Err(Refused::MissingKey)
+        );
+        let named = headers(&[(TENANT_HEADER.as_str(), "team-7")]);
+        assert_eq!(t.resolve(&named, &issued), Err(Refused::MissingKey));
+        let wrong = headers(&[("authorization", "Bearer sk-nope")]);
+        assert_eq!(t.resolve(&wrong, &issued), Err(Refused::UnknownKey));
+        // An issued key works once created and stops when revoked.
+        let (e, key) = issued.create("acme", 1).unwrap();
+        let h = headers(&[("authorization", &format!("Bearer {key}"))]);
+        let acme = t.resolve(&h, &issued).unwrap();
+        assert_eq!(
+            (&*acme.name, acme.key_id.as_deref()),
+            ("acme", Some(&*e.id))
+        );
+        issued.revoke(&e.id);
+        assert_eq!(t.resolve(&h, &issued), Err(Refused::UnknownKey));
+        cfg.require_key = false;
+        let open = Tenancy::new(&cfg);
+        assert_eq!(
+            &*open.resolve(&wrong, &issued).unwrap().name,
+            ANONYMOUS_TENANT
+        );
+    }
+
+    #[test]
+    fn allowed_models_match_exactly_or_by_glob() {
+        let t = tenancy(false);
+        let acme = t
+            .resolve(
+                &headers(&[("authorization", "Bearer sk-acme-123")]),
+                &none(),
+            )
+            .unwrap();
+        assert!(acme.allows("m") && acme.allows("llama-3-8b") && acme.allows("llama--8b"));
+        assert!(!acme.allows("m2") && !acme.allows("llama-3-70b"));
+        let globex = t
+            .resolve(&headers(&[("x-api-key", "sk-globex-456")]), &none())
+            .unwrap();
+        assert!(globex.allows("anything"));
+        assert!(glob("*", "") && glob("a*b*c", "aXbYc") && !glob("a*b", "ab-"));
+    }
+
+    #[test]
+    fn keys_never_show_in_debug_output() {
+        let t = tenancy(false);
+        let acme = t
+            .resolve(
+                &headers(&[("authorization", "Bearer sk-acme-123")]),
+                &none(),
+            )
+            .unwrap();
+        assert!(!format!("{acme:?}").contains("sk-acme-123"));
+        assert!(acme.key_id.as_deref().unwrap().starts_with("cfg-"));
     }
 }

@@ -54,8 +54,8 @@ impl Sinks {
         self.series.record_itl(gap);
     }
 
-    /// Feed a finished request to every sink, once.
-    pub fn finish(&self, r: &RequestRecord<'_>) {
+    /// Feed a finished request to every sink, once; returns its cost (USD).
+    pub fn finish(&self, r: &RequestRecord<'_>) -> f64 {
         requests::count_request(r);
         let cost_usd = match r.end {
             End::Proxied { route, pair, m, .. } => self.answered(r, route, pair, m),
@@ -75,6 +75,7 @@ impl Sinks {
         if let Some(log) = &self.access_log {
             log.log(access_record(r, cost_usd));
         }
+        cost_usd
     }
 
     /// The sinks only an answered request feeds; returns its cost (USD).

@@ -1,0 +1,521 @@
+//! API keys, tenants and limits through the real binary: 401 without a
+//! recognised key, 403 for a model the tenant may not use, 429 with
+//! `Retry-After` and the limit named for requests per minute, concurrency,
+//! tokens and budgets, OpenAI's rate-limit headers on every limited response,
+//! the token estimate corrected by the real usage, keys created, listed and
+//! revoked through the admin API, and no key in `/metrics`, the access log or
+//! the process's log output.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use support::*;
+use switchyard::tenancy::limits::headers as h;
+
+const ADMIN_TOKEN: &str = "limits-admin-token-3f9c1a7e52b0";
+const ACME_KEY: &str = "sk-acme-limits-5d2c81f0a9e4";
+const NARROW_KEY: &str = "sk-narrow-limits-77ab01c3d2";
+const RPM_KEY: &str = "sk-rpm-limits-0c4e9a11b7";
+const CONC_KEY: &str = "sk-conc-limits-a3b2c1d0e9";
+const TOK_KEY: &str = "sk-tok-limits-19f8e7d6c5";
+const BUDGET_KEY: &str = "sk-budget-limits-4a5b6c7d8e";
+
+/// The gateway process: client URL, admin URL, and the files it writes.
+struct Gw {
+    _child: tokio::process::Child,
+    url: String,
+    admin: String,
+    access_log: std::path::PathBuf,
+    stderr: std::path::PathBuf,
+}
+
+fn sha256_hex(s: &str) -> String {
+    switchyard::tenancy::keys::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn config(model: &str, sim: &str, dir: &std::path::Path) -> String {
+    format!(
+        r#"
+[admin]
+listen = "127.0.0.1:0"
+token_env = "SY_LIMITS_ADMIN_TOKEN"
+[access_log]
+enabled = true
+path = "{log}"
+[tenancy]
+require_key = true
+[[tenants]]
+name = "acme"
+api_key_env = "SY_LIMITS_ACME_KEY"
+allowed_models = ["{model}"]
+[[tenants]]
+name = "narrow"
+key_sha256 = "{narrow}"
+allowed_models = ["other-*"]
+[[tenants]]
+name = "rpm"
+api_key_env = "SY_LIMITS_RPM_KEY"
+[tenants.limits]
+requests_per_minute = 3
+[[tenants]]
+name = "conc"
+api_key_env = "SY_LIMITS_CONC_KEY"
+[tenants.model_limits."{model}"]
+max_concurrent_requests = 1
+[[tenants]]
+name = "tok"
+api_key_env = "SY_LIMITS_TOK_KEY"
+[tenants.key_limits]
+tokens_per_minute = 600
+[[tenants]]
+name = "budget"
+api_key_env = "SY_LIMITS_BUDGET_KEY"
+[tenants.limits]
+daily_budget_usd = 0.03
+[[prices]]
+model = "{model}"
+prompt_per_mtok = 0.0
+output_per_mtok = 1000.0
+[[pools]]
+name = "p"
+models = ["{model}"]
+workers = [{{ url = "{sim}" }}]
+"#,
+        log = dir.join("access.jsonl").display(),
+        narrow = sha256_hex(NARROW_KEY),
+    )
+}
+
+async fn start(model: &str, sim: &str) -> Gw {
+    use tokio::io::AsyncBufReadExt;
+    let file = config_file("limits", "");
+    let dir = file.parent().unwrap().to_path_buf();
+    std::fs::write(&file, config(model, sim, &dir)).unwrap();
+    let stderr = dir.join("stderr.log");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&file)
+        .env("SY_LIMITS_ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("SY_LIMITS_ACME_KEY", ACME_KEY)
+        .env("SY_LIMITS_RPM_KEY", RPM_KEY)
+        .env("SY_LIMITS_CONC_KEY", CONC_KEY)
+        .env("SY_LIMITS_TOK_KEY", TOK_KEY)
+        .env("SY_LIMITS_BUDGET_KEY", BUDGET_KEY)
+        .env("RUST_LOG", "debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&stderr).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (url, admin) = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut admin = None;
+        while let Some(l) = lines.next_line().await.unwrap() {
+            if let Some(u) = l.strip_prefix("switchyard admin url=") {
+                admin = Some(u.to_string());
+            }
+            if let Some(u) = l.strip_prefix("switchyard ready url=") {
+                return (u.to_string(), admin.expect("admin line first"));
+            }
+        }
+        panic!("binary exited before printing its url");
+    })
+    .await
+    .expect("ready line");
+    Gw {
+        _child: child,
+        url,
+        admin,
+        access_log: dir.join("access.jsonl"),
+        stderr,
+    }
+}
+
+fn body(model: &str, max_tokens: u32, stream: bool) -> Value {
+    json!({"model": model, "max_tokens": max_tokens, "ignore_eos": true, "stream": stream,
+           "messages": [{"role": "user", "content": "limits, keys and budgets"}]})
+}
+
+async fn post(url: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+    let mut req = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(body);
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    req.send().await.unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &http::HeaderName) -> Option<String> {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_string())
+}
+
+fn num(r: &reqwest::Response, name: &http::HeaderName) -> u64 {
+    header(r, name)
+        .unwrap_or_else(|| panic!("no {name}"))
+        .parse()
+        .unwrap()
+}
+
+/// `1s`, `20ms`, `6m0s`, `1h2m3s`: OpenAI's reset format.
+fn is_reset(v: &str) -> bool {
+    let v = v.strip_suffix("ms").or_else(|| v.strip_suffix('s'));
+    v.is_some_and(|v| {
+        v.split(['h', 'm'])
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+async fn error_of(r: reqwest::Response) -> (u16, Value) {
+    let status = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    (status, v["error"].clone())
+}
+
+/// Requests finished so far by the gateway (its own count): the point after
+/// which a finished request's usage and cost have been settled.
+async fn finished(url: &str, n: f64) {
+    eventually(Duration::from_secs(10), "requests counted", || async {
+        let m = scrape(url).await;
+        let seen = metric_sum(&m, "switchyard_requests_total", &[("class", "ok")]);
+        (seen >= n).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn keys_models_and_limits() {
+    let s = sims(1, 20.0).await;
+    let model = sim_model();
+    let gw = start(&model, &s[0].url()).await;
+    let url = &gw.url;
+
+    // 401: no key, an unknown key.
+    let (st, e) = error_of(post(url, None, &body(&model, 2, false)).await).await;
+    assert_eq!(
+        (st, e["code"].as_str()),
+        (401, Some("invalid_api_key")),
+        "{e}"
+    );
+    let (st, e) = error_of(post(url, Some("sk-nope"), &body(&model, 2, false)).await).await;
+    assert_eq!(
+        (st, e["code"].as_str()),
+        (401, Some("invalid_api_key")),
+        "{e}"
+    );
+    assert_eq!(e["type"], "authentication_error");
+
+    // A configured key works, and no limit means no rate-limit headers.
+    let r = post(url, Some(ACME_KEY), &body(&model, 2, false)).await;
+    assert_eq!(r.status(), 200);
+    assert!(header(&r, &h::LIMIT_REQUESTS).is_none());
+
+    // 403: a key given as its SHA-256, whose tenant may not use this model.
+    let (st, e) = error_of(post(url, Some(NARROW_KEY), &body(&model, 2, false)).await).await;
+    assert_eq!(
+        (st, e["code"].as_str()),
+        (403, Some("model_not_allowed")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains(&model));
+
+    // 429 on the fourth request of three per minute, every header present.
+    for remaining in [2, 1, 0] {
+        let r = post(url, Some(RPM_KEY), &body(&model, 2, false)).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(num(&r, &h::LIMIT_REQUESTS), 3);
+        assert_eq!(num(&r, &h::REMAINING_REQUESTS), remaining);
+        assert!(is_reset(&header(&r, &h::RESET_REQUESTS).unwrap()));
+    }
+    let r = post(url, Some(RPM_KEY), &body(&model, 2, false)).await;
+    assert_eq!(r.status(), 429);
+    let retry: u64 = header(&r, &http::header::RETRY_AFTER)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    assert_eq!(num(&r, &h::REMAINING_REQUESTS), 0);
+    assert_eq!(num(&r, &h::LIMIT_REQUESTS), 3);
+    let (_, e) = error_of(r).await;
+    assert_eq!(e["code"], "rate_limit_exceeded");
+    assert_eq!(e["param"], "requests_per_minute");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("tenant `rpm`") && msg.contains("3 requests per minute"),
+        "{msg}"
+    );
+
+    concurrency(url, &model).await;
+    token_correction(url, &model).await;
+    budget(url, &model).await;
+    let issued = admin_keys(&gw, &model).await;
+    no_key_anywhere(&gw, &issued).await;
+}
+
+/// One request in flight for (conc, model): a second one is refused until it ends.
+async fn concurrency(url: &str, model: &str) {
+    let mut first = post(url, Some(CONC_KEY), &body(model, 2_000, true)).await;
+    assert_eq!(first.status(), 200);
+    first.chunk().await.unwrap();
+    let (st, e) = error_of(post(url, Some(CONC_KEY), &body(model, 2, false)).await).await;
+    assert_eq!(
+        (st, e["param"].as_str()),
+        (429, Some("max_concurrent_requests")),
+        "{e}"
+    );
+    assert!(e["message"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("model `{model}`")));
+    drop(first);
+    eventually(Duration::from_secs(10), "slot released", || async {
+        let r = post(url, Some(CONC_KEY), &body(model, 2, false)).await;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+}
+
+/// The token estimate is the prompt; the real usage (prompt and 300 output
+/// tokens) is charged when the request ends.
+async fn token_correction(url: &str, model: &str) {
+    let base = metric_sum(
+        &scrape(url).await,
+        "switchyard_requests_total",
+        &[("class", "ok")],
+    );
+    let r = post(url, Some(TOK_KEY), &body(model, 300, false)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(num(&r, &h::LIMIT_TOKENS), 600);
+    let first = num(&r, &h::REMAINING_TOKENS);
+    assert!(is_reset(&header(&r, &h::RESET_TOKENS).unwrap()));
+    let usage: Value = r.json().await.unwrap();
+    let output = usage["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(output, 300);
+    finished(url, base + 1.0).await;
+    let r = post(url, Some(TOK_KEY), &body(model, 1, false)).await;
+    let second = num(&r, &h::REMAINING_TOKENS);
+    // Without the correction the second estimate would leave about `first`
+    // minus a few tokens; with it the 300 output tokens are gone too (less what
+    // refilled meanwhile, at 10 tokens a second).
+    assert!(
+        first.saturating_sub(second) >= output / 2,
+        "remaining tokens {first} then {second} after {output} output tokens"
+    );
+}
+
+/// $0.001 an output token, $0.03 a day: ten-token requests pass until the
+/// spend reaches the budget, then every request is refused, naming it.
+async fn budget(url: &str, model: &str) {
+    let mut spent = 0.0;
+    let mut ok = 0.0;
+    let base = metric_sum(
+        &scrape(url).await,
+        "switchyard_requests_total",
+        &[("class", "ok")],
+    );
+    while spent < 0.03 - 1e-9 {
+        let r = post(url, Some(BUDGET_KEY), &body(model, 10, false)).await;
+        assert_eq!(r.status(), 200, "refused after ${spent}");
+        let v: Value = r.json().await.unwrap();
+        spent += v["usage"]["completion_tokens"].as_f64().unwrap() * 0.001;
+        ok += 1.0;
+        finished(url, base + ok).await;
+    }
+    for _ in 0..3 {
+        let r = post(url, Some(BUDGET_KEY), &body(model, 10, false)).await;
+        assert_eq!(r.status(), 429);
+        let retry: u64 = header(&r, &http::header::RETRY_AFTER)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=86_400).contains(&retry));
+        let (_, e) = error_of(r).await;
+        assert_eq!(e["code"], "insufficient_quota");
+        assert_eq!(e["type"], "insufficient_quota");
+        assert_eq!(e["param"], "daily_budget_usd");
+        assert!(e["message"].as_str().unwrap().contains("tenant `budget`"));
+    }
+}
+
+async fn admin(gw: &Gw, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut req = client()
+        .request(method, format!("{}{path}", gw.admin))
+        .bearer_auth(ADMIN_TOKEN);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let st = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (st, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Create a key, use it, list it (without its secret), revoke it; returns it.
+async fn admin_keys(gw: &Gw, model: &str) -> String {
+    let (st, created) = admin(
+        gw,
+        reqwest::Method::POST,
+        "/admin/keys",
+        Some(json!({"tenant": "acme"})),
+    )
+    .await;
+    assert_eq!(st, 201, "{created}");
+    let key = created["key"].as_str().unwrap().to_string();
+    let id = created["id"].as_str().unwrap().to_string();
+    assert!(key.starts_with("sk-sy-") && key.contains(&id));
+    let (st, _) = admin(
+        gw,
+        reqwest::Method::POST,
+        "/admin/keys",
+        Some(json!({"tenant": "ghost"})),
+    )
+    .await;
+    assert_eq!(st, 404);
+    assert_eq!(
+        post(&gw.url, Some(&key), &body(model, 2, false))
+            .await
+            .status(),
+        200
+    );
+    let (st, list) = admin(gw, reqwest::Method::GET, "/admin/keys", None).await;
+    assert_eq!(st, 200);
+    let text = list.to_string();
+    assert!(!text.contains(&key) && !text.contains(ACME_KEY), "{text}");
+    let row = list["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["id"] == id.as_str())
+        .unwrap();
+    assert_eq!(
+        (row["tenant"].as_str(), row["source"].as_str()),
+        (Some("acme"), Some("admin"))
+    );
+    let configured = list["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["source"] == "config");
+    assert_eq!(configured.count(), 6);
+    let (st, _) = admin(
+        gw,
+        reqwest::Method::DELETE,
+        &format!("/admin/keys/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 204);
+    let (st, _) = admin(
+        gw,
+        reqwest::Method::DELETE,
+        &format!("/admin/keys/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 404);
+    let (st, e) = error_of(post(&gw.url, Some(&key), &body(model, 2, false)).await).await;
+    assert_eq!((st, e["code"].as_str()), (401, Some("invalid_api_key")));
+    key
+}
+
+/// No key, configured or issued, in the metrics, the access log or the logs;
+/// refusals are counted by reason.
+async fn no_key_anywhere(gw: &Gw, issued: &str) {
+    let m = scrape(&gw.url).await;
+    for (reason, at_least) in [
+        ("invalid_api_key", 2.0),
+        ("missing_api_key", 1.0),
+        ("model_not_allowed", 1.0),
+        ("requests_per_minute", 1.0),
+        ("max_concurrent_requests", 1.0),
+        ("daily_budget_usd", 3.0),
+    ] {
+        let n = metric_sum(&m, "switchyard_limit_refusals_total", &[("reason", reason)]);
+        assert!(n >= at_least, "{reason}: {n}");
+    }
+    let log = eventually(Duration::from_secs(10), "access log written", || async {
+        let t = std::fs::read_to_string(&gw.access_log).ok()?;
+        t.contains("\"tenant\":\"budget\"").then_some(t)
+    })
+    .await;
+    let stderr = std::fs::read_to_string(&gw.stderr).unwrap();
+    for key in [
+        ACME_KEY, NARROW_KEY, RPM_KEY, CONC_KEY, TOK_KEY, BUDGET_KEY, issued,
+    ] {
+        let secret = &key[key.len() - 10..];
+        for (what, text) in [("metrics", &m), ("access log", &log), ("stderr", &stderr)] {
+            assert!(!text.contains(secret), "a key shows in the {what}");
+        }
+    }
+}
+
+/// With a pool tokenizer (here the sim's, exact for `switchyard sim`), the
+/// prompt is counted exactly up front: the remaining tokens after the first
+/// request are the limit less the engine's own prompt count.
+#[tokio::test]
+async fn prompt_tokens_are_exact_with_the_pools_tokenizer() {
+    use switchyard::sim::kv_events::{EventFormat, KvEventsConfig};
+    let sim = switchyard::sim::spawn(switchyard::sim::SimConfig {
+        time_scale: 50.0,
+        model: "sim-llama-8b".into(),
+        max_model_len: 4096,
+        kv_events: Some(KvEventsConfig {
+            events: "tcp://127.0.0.1:0".into(),
+            replay: Some("tcp://127.0.0.1:0".into()),
+            topic: "kv-events".into(),
+            format: EventFormat::Map,
+            drop: None,
+            reorder: None,
+            block_size: 16,
+        }),
+        ..switchyard::sim::SimConfig::default()
+    })
+    .await
+    .expect("sim starts");
+    let kv = sim.kv_endpoints().expect("events on");
+    std::env::set_var("SY_LIMITS_EXACT_KEY", "sk-exact-limits-6e5d4c3b2a");
+    let gw = gateway(&format!(
+        r#"
+[tenancy]
+require_key = true
+[[tenants]]
+name = "exact"
+api_key_env = "SY_LIMITS_EXACT_KEY"
+[tenants.limits]
+tokens_per_minute = 10000
+[[pools]]
+name = "p"
+models = ["sim-llama-8b"]
+tokenizer = "sim"
+workers = [{{ url = "{}", kv_events = "{}", kv_replay = "{}" }}]
+[pools.kv_events]
+topic = "kv-events"
+"#,
+        sim.url(),
+        kv.events,
+        kv.replay.as_deref().unwrap()
+    ))
+    .await;
+    let url = format!("http://{}", gw.addr);
+    let content = "count these prompt tokens exactly, not by the bytes they take up";
+    let b = json!({"model": "sim-llama-8b", "max_tokens": 1,
+                   "messages": [{"role": "user", "content": content}]});
+    let r = post(&url, Some("sk-exact-limits-6e5d4c3b2a"), &b).await;
+    assert_eq!(r.status(), 200);
+    let remaining = num(&r, &h::REMAINING_TOKENS);
+    let v: Value = r.json().await.unwrap();
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let estimate = switchyard::tenancy::limits::estimate_tokens(
+        serde_json::to_string(&b["messages"]).unwrap().len(),
+        None,
+        false,
+    );
+    assert_ne!(prompt, estimate, "the byte estimate would pass too");
+    assert_eq!(remaining, 10_000 - prompt);
+}
