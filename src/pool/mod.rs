@@ -10,6 +10,7 @@ pub mod gauges;
 pub mod health;
 mod inference_pool;
 pub mod k8s;
+pub mod predict;
 mod registry;
 pub mod scaling;
 pub mod stats;

@@ -2,6 +2,7 @@
 
 use super::admission::AdmissionQueue;
 use super::health::HealthState;
+use super::predict::{Features, LatencyModel, Prediction};
 use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
@@ -63,6 +64,8 @@ pub struct WorkerState {
     /// Engine stats from the poller plus the gateway's corrections (`pool::stats`).
     pub stats: WorkerStats,
     pub health: HealthState,
+    /// Learnt TTFT/TPOT model (`pool::predict`), fed when responses finish.
+    pub latency: LatencyModel,
 }
 
 impl Default for WorkerState {
@@ -77,6 +80,7 @@ impl Default for WorkerState {
             discovery_error: arc_swap::ArcSwapOption::empty(),
             stats: WorkerStats::default(),
             health: HealthState::default(),
+            latency: LatencyModel::default(),
         }
     }
 }
@@ -144,6 +148,8 @@ impl Worker {
     /// request brings; it counts as pending until [`InFlightGuard::first_token`] or
     /// the drop.
     pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>, size: RequestSize) -> InFlightGuard {
+        // The load it meets, before it adds its own.
+        let features = self.features(size);
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
         self.state
@@ -153,7 +159,24 @@ impl Worker {
             state: self.state.clone(),
             queue: queue.cloned(),
             prefill: Some((size.prefill_tokens, size.bytes)),
+            predicted: self.state.latency.predict(&features),
+            features,
         }
+    }
+
+    /// What the latency model would see for a request of `size` sent now.
+    pub fn features(&self, size: RequestSize) -> Features {
+        Features::of(
+            &self.state.stats,
+            self.in_flight(),
+            super::stats::now_ms(),
+            size.prefill_tokens,
+        )
+    }
+
+    /// The latencies the worker's model predicts for a request of `size` sent now.
+    pub fn predict(&self, size: RequestSize) -> Option<Prediction> {
+        self.state.latency.predict(&self.features(size))
     }
 
     pub fn in_flight(&self) -> u64 {
@@ -178,11 +201,28 @@ pub struct InFlightGuard {
     queue: Option<Arc<AdmissionQueue>>,
     /// Prefill tokens still counted as pending on the worker, and the prompt bytes.
     prefill: Option<(u64, u64)>,
+    /// The load the request met at dispatch, and what the model predicted for it.
+    features: Features,
+    predicted: Option<Prediction>,
 }
 
 impl InFlightGuard {
     pub fn state(&self) -> &Arc<WorkerState> {
         &self.state
+    }
+
+    /// What the worker's latency model predicted for this request at dispatch.
+    pub fn predicted(&self) -> Option<Prediction> {
+        self.predicted
+    }
+
+    /// Teach the worker's latency model what this request measured (a
+    /// completed answer's TTFT and mean inter-token gap).
+    pub fn learn(&self, ttft: std::time::Duration, tpot: Option<std::time::Duration>) {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        self.state
+            .latency
+            .observe(&self.features, ms(ttft), tpot.map(ms));
     }
 
     /// The first token arrived: the request's prefill is done (idempotent).

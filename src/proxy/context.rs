@@ -79,6 +79,9 @@ impl RequestTags {
             reason,
             predicted_cached_tokens,
             precise,
+            predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
+            slo_downgraded: false,
         }
     }
 

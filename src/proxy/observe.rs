@@ -403,6 +403,7 @@ impl Drop for Observer {
                 .then(|| self.itl_sum / (self.content_events - 1) as u32),
             response_bytes: self.response_bytes,
         };
+        self.learn(outcome, &m);
         self.p.tags.finish(
             telemetry::ENDPOINTS[self.p.endpoint],
             self.p.status,
@@ -413,6 +414,26 @@ impl Drop for Observer {
                 m: &m,
             },
         );
+    }
+}
+
+impl Observer {
+    /// Feed the worker's latency model (a completed answer with a measured
+    /// TTFT; time spent queued in the gateway is not the worker's) and put its
+    /// prediction on the record.
+    fn learn(&mut self, outcome: Outcome, m: &RequestMetrics) {
+        let waited = self.p.tags.waited();
+        if let Some(p) = self.p.guard.predicted() {
+            // From arrival, as TTFT is measured: the wait before dispatch plus
+            // the model's prediction from there.
+            self.p.route.predicted_ttft_ms = Some(waited.as_secs_f64() * 1e3 + p.ttft_ms);
+            self.p.route.predicted_tpot_ms = p.tpot_ms;
+        }
+        let Some(ttft) = m.ttft else { return };
+        if outcome == Outcome::Completed && self.p.status < 400 {
+            let own = ttft.saturating_sub(waited);
+            self.p.guard.learn(own, m.mean_itl);
+        }
     }
 }
 

@@ -13,6 +13,15 @@ pub const TTFT_HELP: &str =
     "Time from request arrival at the gateway to the first response event carrying generated content.";
 pub const ITL_HELP: &str = "Gap between successive content events of a streamed response.";
 pub const E2E_HELP: &str = "Time from request arrival to the end of the response body.";
+pub const PREDICTED_TTFT_SECONDS: &str = "switchyard_predicted_ttft_seconds";
+pub const PREDICTED_TTFT_HELP: &str =
+    "Time to first token the worker's latency model predicted at dispatch, for answers whose TTFT was measured (compare with switchyard_ttft_seconds).";
+pub const TTFT_PREDICTION_ERROR: &str = "switchyard_ttft_prediction_error_ratio";
+pub const TTFT_PREDICTION_ERROR_HELP: &str =
+    "Absolute error of the predicted time to first token relative to the measured one (|predicted - actual| / actual).";
+/// Buckets of the relative prediction error.
+pub const ERROR_RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0];
+pub const SLO_DECISIONS_TOTAL: &str = "switchyard_slo_decisions_total";
 pub const TOKENS_TOTAL: &str = "switchyard_tokens_total";
 pub const GATEWAY_ERRORS_TOTAL: &str = "switchyard_gateway_errors_total";
 pub const UPSTREAM_ATTEMPTS_TOTAL: &str = "switchyard_upstream_attempts_total";
