@@ -160,6 +160,8 @@ pub enum PolicyKind {
     Session,
     /// An explicit list of scorers with weights (`[pools.routing].scorers`).
     Weighted,
+    /// The most headroom against the request's latency objectives (`slo` scorer).
+    Slo,
 }
 
 impl PolicyKind {
@@ -171,6 +173,7 @@ impl PolicyKind {
         PolicyKind::Cost,
         PolicyKind::Session,
         PolicyKind::Weighted,
+        PolicyKind::Slo,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -182,6 +185,7 @@ impl PolicyKind {
             PolicyKind::Cost => "cost",
             PolicyKind::Session => "session",
             PolicyKind::Weighted => "weighted",
+            PolicyKind::Slo => "slo",
         }
     }
 
@@ -235,6 +239,19 @@ pub struct RoutingConfig {
     /// Regions within this round trip (ms) of the gateway's region count as local
     /// for this pool (0: only the gateway's own region).
     pub max_added_latency_ms: u32,
+    /// A request whose latency objective no worker is predicted to meet.
+    pub slo_unattainable: SloUnattainable,
+}
+
+/// What happens to a request whose latency objective no worker is predicted to
+/// meet (`[pools.routing].slo_unattainable`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SloUnattainable {
+    /// Served anyway on the chosen worker, marked (`x-switchyard-slo: downgraded`).
+    #[default]
+    Downgrade,
+    /// Refused at once with 503 and `Retry-After`.
+    Shed,
 }
 
 impl Default for RoutingConfig {
@@ -254,6 +271,7 @@ impl Default for RoutingConfig {
             require_labels: BTreeMap::new(),
             scorers: Vec::new(),
             max_added_latency_ms: 0,
+            slo_unattainable: SloUnattainable::Downgrade,
         }
     }
 }
@@ -335,6 +353,17 @@ impl RawRouting {
             require_labels: self.require_labels,
             scorers,
             max_added_latency_ms: self.max_added_latency_ms.unwrap_or(0),
+            slo_unattainable: match self.slo_unattainable.as_deref() {
+                None | Some("downgrade") => SloUnattainable::Downgrade,
+                Some("shed") => SloUnattainable::Shed,
+                Some(other) => {
+                    p.push(format!(
+                        "{}: expected `downgrade` or `shed` (got `{other}`)",
+                        key.field("slo_unattainable")
+                    ));
+                    SloUnattainable::Downgrade
+                }
+            },
         }
     }
 }

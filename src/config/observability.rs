@@ -90,6 +90,10 @@ pub struct RawTenant {
     pub api_key_env: String,
     /// A residency zone (`[residency]`) or region(s) this tenant's requests must stay in.
     pub residency: Option<String>,
+    /// Default time-to-first-token objective of this tenant's requests (ms).
+    pub slo_ttft_ms: Option<u32>,
+    /// Default time-per-output-token objective of this tenant's requests (ms).
+    pub slo_tpot_ms: Option<u32>,
 }
 
 /// One row of the price table. Matchers left out match anything; the most
@@ -291,6 +295,9 @@ pub struct TenantConfig {
     pub api_key: super::Secret,
     /// Regions this tenant's requests may be served in (a hard constraint).
     pub residency: Option<super::global::Residency>,
+    /// Default latency objectives (ms) when a request sends none.
+    pub slo_ttft_ms: Option<u32>,
+    pub slo_tpot_ms: Option<u32>,
 }
 
 impl std::fmt::Debug for TenancyConfig {
@@ -537,6 +544,9 @@ fn validate_scaling(raw: &RawScaling, pools: &[&str], p: &mut Problems) -> Scali
     }
 }
 
+/// The largest latency objective accepted (one hour, ms).
+pub const MAX_SLO_MS: u32 = 3_600_000;
+
 /// `[[tenants]]`: names and residency; the keys are read in `resolve`.
 fn validate_tenants(
     raw: Vec<RawTenant>,
@@ -567,11 +577,21 @@ fn validate_tenants(
             }
             res
         });
+        for (field, v) in [("slo_ttft_ms", t.slo_ttft_ms), ("slo_tpot_ms", t.slo_tpot_ms)] {
+            if v.is_some_and(|ms| !(1..=MAX_SLO_MS).contains(&ms)) {
+                p.push(format!(
+                    "{}: must be between 1 and {MAX_SLO_MS} ms",
+                    key.field(field)
+                ));
+            }
+        }
         tenants.push(PendingTenant {
             key,
             name: t.name,
             api_key_env: t.api_key_env,
             residency,
+            slo_ttft_ms: t.slo_ttft_ms,
+            slo_tpot_ms: t.slo_tpot_ms,
         });
     }
     tenants

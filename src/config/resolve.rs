@@ -21,6 +21,8 @@ pub(crate) struct PendingTenant {
     pub name: String,
     pub api_key_env: String,
     pub residency: Option<Residency>,
+    pub slo_ttft_ms: Option<u32>,
+    pub slo_tpot_ms: Option<u32>,
 }
 
 /// `[tenancy]` and `[[tenants]]` before the keys are read.
@@ -80,6 +82,8 @@ pub(crate) fn tenancy(t: PendingTenancy, p: &mut Problems) -> TenancyConfig {
             name: t.name,
             api_key,
             residency: t.residency,
+            slo_ttft_ms: t.slo_ttft_ms,
+            slo_tpot_ms: t.slo_tpot_ms,
         });
     }
     TenancyConfig {

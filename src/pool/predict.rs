@@ -77,6 +77,25 @@ pub struct Prediction {
     pub tpot_ms: Option<f64>,
 }
 
+impl Prediction {
+    /// The smallest relative headroom against the request's objectives,
+    /// `(target − predicted) / target` (negative: missed), with `elapsed_ms`
+    /// already spent counted against the TTFT target; `None` when the request
+    /// sets no objective the prediction covers.
+    pub fn headroom(&self, slo: &crate::api::Slo, elapsed_ms: f64) -> Option<f64> {
+        let rel = |target: u32, predicted: f64| {
+            let t = f64::from(target);
+            (t - predicted) / t
+        };
+        let ttft = slo.ttft_ms.map(|t| rel(t, elapsed_ms + self.ttft_ms));
+        let tpot = slo.tpot_ms.zip(self.tpot_ms).map(|(t, p)| rel(t, p));
+        match (ttft, tpot) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 /// A recursive-least-squares fit of `N` coefficients.
 #[derive(Debug)]
 struct Rls<const N: usize> {

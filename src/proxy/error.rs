@@ -76,6 +76,15 @@ pub enum GatewayError {
     /// A response id this gateway did not issue, on a path that names no model.
     #[error("No response found with id `{0}` (this gateway did not issue it)")]
     UnknownResponse(String),
+    /// No worker is predicted to meet the request's latency objective and the
+    /// pool sheds such requests.
+    #[error("No worker of model `{model}` is predicted to meet this request's latency objective (best predicted time to first token {predicted_ttft_ms} ms); retry later or relax x-slo-ttft-ms / x-slo-tpot-ms")]
+    SloUnattainable {
+        model: String,
+        predicted_ttft_ms: u64,
+        /// Seconds for `Retry-After`.
+        retry_after_s: u32,
+    },
     #[error("Upstream {worker} is unreachable: {detail}")]
     UpstreamConnect { worker: Arc<str>, detail: String },
     #[error("Upstream {worker} failed: {detail}")]
@@ -106,9 +115,10 @@ impl GatewayError {
             UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
             | UnknownResponse(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            NoHealthyWorker(_) | ResidencyUnavailable { .. } | ResponseOwnerUnavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            NoHealthyWorker(_)
+            | ResidencyUnavailable { .. }
+            | ResponseOwnerUnavailable { .. }
+            | SloUnattainable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull(_) | QueueTimeout(_) => StatusCode::TOO_MANY_REQUESTS,
             UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
@@ -145,6 +155,7 @@ impl GatewayError {
             InvalidResidency { .. } => "invalid_residency",
             QueueFull(_) => "queue_full",
             QueueTimeout(_) => "queue_timeout",
+            SloUnattainable { .. } => "slo_unattainable",
             UpstreamConnect { .. } => "upstream_connect",
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
@@ -181,7 +192,8 @@ impl GatewayError {
             | QueueFull(_)
             | QueueTimeout(_)
             | ResponseOwnerGone(_)
-            | ResponseOwnerUnavailable { .. } => "gateway",
+            | ResponseOwnerUnavailable { .. }
+            | SloUnattainable { .. } => "gateway",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
         }
     }
@@ -206,6 +218,7 @@ impl GatewayError {
                     | GatewayError::ResidencyUnavailable { .. }
                     | GatewayError::QueueFull(_)
                     | GatewayError::QueueTimeout(_)
+                    | GatewayError::SloUnattainable { .. }
             )
     }
 
@@ -214,7 +227,9 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             TenantNeedsKey => "authentication_error",
-            NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
+            NoHealthyWorker(_) | ResidencyUnavailable { .. } | SloUnattainable { .. } => {
+                "service_unavailable"
+            }
             ResponseOwnerGone(_) => "invalid_request_error",
             ResponseOwnerUnavailable { .. } => "service_unavailable",
             QueueFull(_) | QueueTimeout(_) => "rate_limit_exceeded",
@@ -242,6 +257,7 @@ impl GatewayError {
             ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),
             ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
             InvalidResidency { .. } => (None, Some("invalid_residency")),
+            SloUnattainable { .. } => (None, Some("slo_unattainable")),
             _ => (None, None),
         }
     }
@@ -304,8 +320,13 @@ impl GatewayError {
         if resp.status() == StatusCode::TOO_MANY_REQUESTS
             || resp.status() == StatusCode::SERVICE_UNAVAILABLE
         {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            let after = match self {
+                GatewayError::SloUnattainable { retry_after_s, .. } => {
+                    HeaderValue::from(*retry_after_s)
+                }
+                _ => HeaderValue::from_static("1"),
+            };
+            resp.headers_mut().insert(header::RETRY_AFTER, after);
         }
         if self.closes_connection() {
             resp.headers_mut()

@@ -524,6 +524,12 @@ pub(crate) fn respond(
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     note.write_to(ctx, &mut parts.headers);
+    if route.slo_downgraded {
+        parts.headers.insert(
+            super::slo::SLO_HEADER,
+            HeaderValue::from_static("downgraded"),
+        );
+    }
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)

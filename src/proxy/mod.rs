@@ -12,6 +12,7 @@ mod error;
 mod fallback;
 pub mod forward;
 mod headers;
+pub mod slo;
 pub mod observe;
 pub mod upload;
 

@@ -325,6 +325,10 @@ fn describe_observability() {
 
 /// Help text for the worker-stats and routing metrics.
 fn describe_routing() {
+    describe_counter!(
+        SLO_DECISIONS_TOTAL,
+        "Requests with a latency objective by what the latency models said at their first pick, per pool: met (some worker is predicted to meet it), unknown (a model has not learnt enough), downgraded (served anyway) or shed."
+    );
     describe_gauge!(
         WORKER_QUEUE,
         "Estimated requests queued or running on the worker as routing sees it: waiting + running from the last scrape, corrected by requests started and finished since."

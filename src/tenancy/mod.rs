@@ -29,6 +29,8 @@ pub struct Tenant {
     pub authenticated: bool,
     /// The regions this tenant's requests must stay in.
     pub residency: Option<Residency>,
+    /// Latency objectives for requests that send none.
+    pub slo: crate::api::Slo,
 }
 
 /// API-key → tenant lookup, built from the config.
@@ -68,6 +70,10 @@ impl Tenancy {
                         name: Arc::from(t.name.as_str()),
                         authenticated: true,
                         residency: t.residency.clone(),
+                        slo: crate::api::Slo {
+                            ttft_ms: t.slo_ttft_ms,
+                            tpot_ms: t.slo_tpot_ms,
+                        },
                     },
                 )
             })
@@ -80,6 +86,7 @@ impl Tenancy {
                 name: Arc::from(ANONYMOUS_TENANT),
                 authenticated: false,
                 residency: None,
+                slo: Default::default(),
             },
             trust_header: cfg.trust_tenant_header,
         }
@@ -120,6 +127,7 @@ impl Tenancy {
                     name: Arc::from(n),
                     authenticated: false,
                     residency: None,
+                    slo: Default::default(),
                 });
             }
         }
@@ -144,11 +152,15 @@ mod tests {
                     name: "acme".into(),
                     api_key: "sk-acme-123".into(),
                     residency: None,
+                    slo_ttft_ms: None,
+                    slo_tpot_ms: None,
                 },
                 TenantConfig {
                     name: "globex".into(),
                     api_key: "sk-globex-456".into(),
                     residency: None,
+                    slo_ttft_ms: Some(250),
+                    slo_tpot_ms: None,
                 },
             ],
             trust_tenant_header: trust,
