@@ -77,7 +77,10 @@ mod tests {
         let s = Slo::from_headers(&headers(&[(&TTFT_HEADER, " 200 ")]), d).unwrap();
         assert_eq!(s.ttft_ms, Some(200));
         assert_eq!(s.tpot_ms, Some(50));
-        assert_eq!(Slo::from_headers(&HeaderMap::new(), Slo::default()).unwrap(), Slo::default());
+        assert_eq!(
+            Slo::from_headers(&HeaderMap::new(), Slo::default()).unwrap(),
+            Slo::default()
+        );
         assert!(!Slo::default().is_set());
     }
 

@@ -1830,7 +1830,7 @@ mod tests {
             [
                 "health.intervl_ms: unknown key (did you mean `interval_ms`?), expected one of `interval_ms`, `timeout_ms`, `path`, `unhealthy_threshold`, `healthy_threshold`, `eject_after_failures`, `base_ejection_ms`, `max_ejection_ms`, `max_ejected_percent`, `overload_cooldown_ms`",
                 "server.max_connections: invalid type: string \"many\", expected a non-negative integer",
-                "pools[0].policy: unknown policy `fastest` (expected one of: round_robin, random, least_queue, prefix, cost, session, weighted)",
+                "pools[0].policy: unknown policy `fastest` (expected one of: round_robin, random, least_queue, prefix, cost, session, weighted, slo)",
             ]
         );
     }
@@ -1940,6 +1940,38 @@ mod tests {
                 "health.timeout_ms: must be greater than 0"
             ]
         );
+    }
+
+    #[test]
+    fn latency_objective_settings_are_checked() {
+        let text = r#"
+            [[tenants]]
+            name = "acme"
+            api_key_env = "SWITCHYARD_TEST_UNSET_SLO_KEY"
+            slo_ttft_ms = 0
+            slo_tpot_ms = 4000000
+            [[pools]]
+            models = ["m"]
+            policy = "slo"
+            workers = [{ url = "http://h:1" }]
+            [pools.routing]
+            slo_unattainable = "panic"
+            "#;
+        let e = check_all(text, Secrets::Optional).unwrap_err().to_string();
+        for needle in [
+            "tenants[0].slo_ttft_ms: must be between 1 and 3600000 ms",
+            "tenants[0].slo_tpot_ms: must be between 1 and 3600000 ms",
+            "pools[0].routing.slo_unattainable: expected `downgrade` or `shed` (got `panic`)",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+        let ok = text
+            .replace("= 0", "= 200")
+            .replace("4000000", "30")
+            .replace("panic", "shed");
+        let c = check_all(&ok, Secrets::Optional).unwrap().config;
+        assert_eq!(c.pools[0].policy, PolicyKind::Slo);
+        assert_eq!(c.pools[0].routing.slo_unattainable, SloUnattainable::Shed);
     }
 
     #[test]

@@ -577,7 +577,10 @@ fn validate_tenants(
             }
             res
         });
-        for (field, v) in [("slo_ttft_ms", t.slo_ttft_ms), ("slo_tpot_ms", t.slo_tpot_ms)] {
+        for (field, v) in [
+            ("slo_ttft_ms", t.slo_ttft_ms),
+            ("slo_tpot_ms", t.slo_tpot_ms),
+        ] {
             if v.is_some_and(|ms| !(1..=MAX_SLO_MS).contains(&ms)) {
                 p.push(format!(
                     "{}: must be between 1 and {MAX_SLO_MS} ms",

@@ -12,8 +12,8 @@ mod error;
 mod fallback;
 pub mod forward;
 mod headers;
-pub mod slo;
 pub mod observe;
+pub mod slo;
 pub mod upload;
 
 pub use crate::upstream::{UpstreamBody, UpstreamClient, UpstreamError};

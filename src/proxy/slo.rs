@@ -90,11 +90,7 @@ fn assess(
             return Verdict::Met;
         }
         let ttft = elapsed_ms + p.ttft_ms;
-        let over = rreq
-            .info
-            .slo
-            .ttft_ms
-            .map_or(0.0, |t| ttft - f64::from(t));
+        let over = rreq.info.slo.ttft_ms.map_or(0.0, |t| ttft - f64::from(t));
         if best.is_none_or(|(b, _)| ttft < b) {
             best = Some((ttft, over));
         }

@@ -109,6 +109,9 @@ mod tests {
         let s = scores_for(tpot, &cands);
         assert!(s[0] > 0.5 && s[1] < 0.5, "60 ms/token misses 50: {s:?}");
         let none = scores_for(Objectives::default(), &cands);
-        assert!((none[0] - 1.0).abs() < 0.02 && (none[1] - 0.2).abs() < 0.02, "{none:?}");
+        assert!(
+            (none[0] - 1.0).abs() < 0.02 && (none[1] - 0.2).abs() < 0.02,
+            "{none:?}"
+        );
     }
 }
