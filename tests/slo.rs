@@ -194,3 +194,82 @@ async fn an_unattainable_objective_is_shed_or_downgraded_and_a_bad_one_refused()
     );
     assert_eq!(refused, 1.0, "{m}");
 }
+
+/// Two GPUs as NVIDIA's dcgm-exporter prints them: 80 % mean utilisation, one
+/// GPU in a hardware thermal slowdown (reason 64).
+const DCGM_TEXT: &str = "\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-a\",modelName=\"NVIDIA L4\"} 90
+DCGM_FI_DEV_GPU_UTIL{gpu=\"1\",UUID=\"GPU-b\",modelName=\"NVIDIA L4\"} 70
+DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-a\"} 20000
+DCGM_FI_DEV_FB_USED{gpu=\"1\",UUID=\"GPU-b\"} 1000
+DCGM_FI_DEV_FB_FREE{gpu=\"0\",UUID=\"GPU-a\"} 2000
+DCGM_FI_DEV_FB_FREE{gpu=\"1\",UUID=\"GPU-b\"} 21000
+DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{gpu=\"0\",UUID=\"GPU-a\"} 0
+DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{gpu=\"1\",UUID=\"GPU-b\"} 64
+";
+
+/// A stand-in DCGM exporter (DCGM itself needs a GPU): canned text on /metrics.
+async fn fake_dcgm() -> String {
+    let app = axum::Router::new().route("/metrics", axum::routing::get(|| async { DCGM_TEXT }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/metrics")
+}
+
+#[tokio::test]
+async fn gpu_stats_from_a_dcgm_exporter_reach_the_metrics_and_the_dashboard() {
+    let (gpu, plain) = (sim("llama-8b-l4").await, sim("llama-8b-l4").await);
+    let (g, p) = (gpu.url(), plain.url());
+    let dcgm = fake_dcgm().await;
+    let toml = format!(
+        r#"
+[[pools]]
+name = "p"
+models = ["{MODEL}"]
+workers = [{{ url = "{g}", labels = {{ dcgm_url = "{dcgm}" }} }}, {{ url = "{p}" }}]
+[pools.routing]
+stats_interval_ms = 100
+"#
+    );
+    let gw = serve_binary(&config_file("slo-dcgm", &toml)).await;
+    let base = &gw.url;
+    let text = eventually(std::time::Duration::from_secs(10), "GPU gauges", || async {
+        let t = scrape(base).await;
+        t.contains("switchyard_worker_gpu_utilization_ratio")
+            .then_some(t)
+    })
+    .await;
+    let worker = |name, w: &str| metric_sum(&text, name, &[("worker", w)]);
+    assert!((worker("switchyard_worker_gpu_utilization_ratio", &g) - 0.8).abs() < 1e-6);
+    assert_eq!(
+        worker("switchyard_worker_gpu_memory_used_bytes", &g),
+        21000.0 * 1048576.0
+    );
+    assert_eq!(worker("switchyard_worker_gpu_throttle_reasons", &g), 64.0);
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("switchyard_worker_gpu") && l.contains(&p)),
+        "no GPU series for a worker without an exporter"
+    );
+    // The fleet view is rebuilt once a second.
+    let workers = eventually(
+        std::time::Duration::from_secs(10),
+        "dashboard GPU",
+        || async {
+            let status = get_json(&format!("{base}/dashboard/status")).await;
+            let ws = status["fleet"]["workers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            ws.iter().any(|w| !w["gpu"].is_null()).then_some(ws)
+        },
+    )
+    .await;
+    let view = |url: &str| workers.iter().find(|w| w["id"] == url).unwrap().clone();
+    assert_eq!(view(&g)["gpu"]["throttled"], true, "{workers:?}");
+    assert!(view(&p)["gpu"].is_null());
+}

@@ -3,6 +3,7 @@
 //! tasks (model discovery, later stats and health) build and swap a new one.
 
 pub mod admission;
+pub mod dcgm;
 pub mod discovery;
 mod dns;
 pub mod fleet;

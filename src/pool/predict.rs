@@ -17,7 +17,7 @@
 use super::stats::WorkerStats;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Samples a model needs before its own predictions are used (before that, the
@@ -66,6 +66,68 @@ impl Features {
 
     fn tpot_x(&self) -> [f64; 2] {
         [1.0, self.running + 1.0]
+    }
+}
+
+/// A request's dispatch as the model saw it: its features and the prediction
+/// (`f32`; NaN: no prediction).
+#[derive(Clone, Copy, Debug)]
+pub struct Dispatch([f32; 5]);
+
+/// A [`Dispatch`] kept beside a request until its answer ends (the attempt
+/// that answers writes last); empty until set.
+#[derive(Debug)]
+pub struct DispatchCell([AtomicU32; 5]);
+
+impl Default for DispatchCell {
+    fn default() -> Self {
+        DispatchCell(std::array::from_fn(|_| AtomicU32::new(f32::NAN.to_bits())))
+    }
+}
+
+impl DispatchCell {
+    pub fn set(&self, d: Dispatch) {
+        for (slot, v) in self.0.iter().zip(d.0) {
+            slot.store(v.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    /// The last dispatch set; `None` before any.
+    pub fn get(&self) -> Option<Dispatch> {
+        let d = Dispatch(std::array::from_fn(|i| {
+            f32::from_bits(self.0[i].load(Ordering::Relaxed))
+        }));
+        (!d.0[0].is_nan()).then_some(d)
+    }
+}
+
+impl Dispatch {
+    pub fn new(f: &Features, p: Option<Prediction>) -> Dispatch {
+        let ttft = p.map_or(f32::NAN, |p| p.ttft_ms as f32);
+        let tpot = p.and_then(|p| p.tpot_ms).map_or(f32::NAN, |t| t as f32);
+        Dispatch([
+            f.uncached_tokens as f32,
+            f.waiting_tokens as f32,
+            f.running as f32,
+            ttft,
+            tpot,
+        ])
+    }
+
+    pub fn features(&self) -> Features {
+        Features {
+            uncached_tokens: f64::from(self.0[0]),
+            waiting_tokens: f64::from(self.0[1]),
+            running: f64::from(self.0[2]),
+        }
+    }
+
+    pub fn prediction(&self) -> Option<Prediction> {
+        let some = |v: f32| (!v.is_nan()).then_some(f64::from(v));
+        Some(Prediction {
+            ttft_ms: some(self.0[3])?,
+            tpot_ms: some(self.0[4]),
+        })
     }
 }
 
@@ -125,11 +187,11 @@ impl<const N: usize> Rls<N> {
             return;
         }
         let err = y - dot(&self.theta, &x);
-        for i in 0..N {
+        for (i, row) in self.p.iter_mut().enumerate() {
             let k = px[i] / denom;
             self.theta[i] += k * err;
-            for j in 0..N {
-                self.p[i][j] = (self.p[i][j] - k * px[j]) / LAMBDA;
+            for (cell, pxj) in row.iter_mut().zip(&px) {
+                *cell = (*cell - k * pxj) / LAMBDA;
             }
         }
         self.bound();

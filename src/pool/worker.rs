@@ -2,7 +2,7 @@
 
 use super::admission::AdmissionQueue;
 use super::health::HealthState;
-use super::predict::{Features, LatencyModel, Prediction};
+use super::predict::{Dispatch, Features, LatencyModel, Prediction};
 use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
@@ -148,8 +148,6 @@ impl Worker {
     /// request brings; it counts as pending until [`InFlightGuard::first_token`] or
     /// the drop.
     pub fn begin(&self, queue: Option<&Arc<AdmissionQueue>>, size: RequestSize) -> InFlightGuard {
-        // The load it meets, before it adds its own.
-        let features = self.features(size);
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         self.state.requests.fetch_add(1, Ordering::Relaxed);
         self.state
@@ -159,9 +157,15 @@ impl Worker {
             state: self.state.clone(),
             queue: queue.cloned(),
             prefill: Some((size.prefill_tokens, size.bytes)),
-            predicted: self.state.latency.predict(&features),
-            features,
         }
+    }
+
+    /// The request's dispatch as the latency model sees it: the load it meets
+    /// (take it before [`Worker::begin`] adds the request's own) and the
+    /// prediction.
+    pub fn dispatch(&self, size: RequestSize) -> Dispatch {
+        let f = self.features(size);
+        Dispatch::new(&f, self.state.latency.predict(&f))
     }
 
     /// What the latency model would see for a request of `size` sent now.
@@ -201,9 +205,6 @@ pub struct InFlightGuard {
     queue: Option<Arc<AdmissionQueue>>,
     /// Prefill tokens still counted as pending on the worker, and the prompt bytes.
     prefill: Option<(u64, u64)>,
-    /// The load the request met at dispatch, and what the model predicted for it.
-    features: Features,
-    predicted: Option<Prediction>,
 }
 
 impl InFlightGuard {
@@ -211,18 +212,18 @@ impl InFlightGuard {
         &self.state
     }
 
-    /// What the worker's latency model predicted for this request at dispatch.
-    pub fn predicted(&self) -> Option<Prediction> {
-        self.predicted
-    }
-
-    /// Teach the worker's latency model what this request measured (a
-    /// completed answer's TTFT and mean inter-token gap).
-    pub fn learn(&self, ttft: std::time::Duration, tpot: Option<std::time::Duration>) {
+    /// Teach the worker's latency model what a request dispatched as `d`
+    /// measured (a completed answer's TTFT and mean inter-token gap).
+    pub fn learn(
+        &self,
+        d: &Dispatch,
+        ttft: std::time::Duration,
+        tpot: Option<std::time::Duration>,
+    ) {
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         self.state
             .latency
-            .observe(&self.features, ms(ttft), tpot.map(ms));
+            .observe(&d.features(), ms(ttft), tpot.map(ms));
     }
 
     /// The first token arrived: the request's prefill is done (idempotent).

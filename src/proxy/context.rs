@@ -34,6 +34,8 @@ pub struct RequestTags {
     /// No worker was predicted to meet the request's latency objective; it was
     /// served anyway.
     slo_downgraded: AtomicBool,
+    /// The answering attempt's dispatch (load met, prediction) for the latency model.
+    pub dispatch: crate::pool::predict::DispatchCell,
 }
 
 impl RequestTags {
@@ -57,6 +59,7 @@ impl RequestTags {
             attempts: AtomicU32::new(0),
             waited_ns: AtomicU64::new(0),
             slo_downgraded: AtomicBool::new(false),
+            dispatch: Default::default(),
         }
     }
 

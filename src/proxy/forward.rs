@@ -259,6 +259,7 @@ pub(crate) async fn send_attempt(
         Ok(r) => r,
         Err(e) => return (Err(e), None),
     };
+    ctx.tags.dispatch.set(worker.dispatch(size));
     let guard = worker.begin(route.pool.queue.as_ref(), size);
     let sent = crate::runtime::clock::now();
     let until = (sent + ctx.timeouts.first_byte).min(deadline);

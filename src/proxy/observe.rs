@@ -423,7 +423,10 @@ impl Observer {
     /// prediction on the record.
     fn learn(&mut self, outcome: Outcome, m: &RequestMetrics) {
         let waited = self.p.tags.waited();
-        if let Some(p) = self.p.guard.predicted() {
+        let Some(dispatch) = self.p.tags.dispatch.get() else {
+            return;
+        };
+        if let Some(p) = dispatch.prediction() {
             // From arrival, as TTFT is measured: the wait before dispatch plus
             // the model's prediction from there.
             self.p.route.predicted_ttft_ms = Some(waited.as_secs_f64() * 1e3 + p.ttft_ms);
@@ -432,7 +435,7 @@ impl Observer {
         let Some(ttft) = m.ttft else { return };
         if outcome == Outcome::Completed && self.p.status < 400 {
             let own = ttft.saturating_sub(waited);
-            self.p.guard.learn(own, m.mean_itl);
+            self.p.guard.learn(&dispatch, own, m.mean_itl);
         }
     }
 }
