@@ -69,15 +69,16 @@ impl Features {
     }
 }
 
-/// A request's dispatch as the model saw it: its features and the prediction
-/// (`f32`; NaN: no prediction).
+/// A request's dispatch as the model saw it: its features, the prediction
+/// (`f32`; NaN: no prediction) and when it was sent (ms after arrival, set with
+/// [`Dispatch::at`]).
 #[derive(Clone, Copy, Debug)]
-pub struct Dispatch([f32; 5]);
+pub struct Dispatch([f32; 6]);
 
 /// A [`Dispatch`] kept beside a request until its answer ends (the attempt
 /// that answers writes last); empty until set.
 #[derive(Debug)]
-pub struct DispatchCell([AtomicU32; 5]);
+pub struct DispatchCell([AtomicU32; 6]);
 
 impl Default for DispatchCell {
     fn default() -> Self {
@@ -111,7 +112,19 @@ impl Dispatch {
             f.running as f32,
             ttft,
             tpot,
+            0.0,
         ])
+    }
+
+    /// The same dispatch, sent `ms` after the request arrived.
+    pub fn at(mut self, ms: f64) -> Dispatch {
+        self.0[5] = ms as f32;
+        self
+    }
+
+    /// When it was sent, ms after the request arrived.
+    pub fn sent_ms(&self) -> f64 {
+        f64::from(self.0[5])
     }
 
     pub fn features(&self) -> Features {
@@ -405,6 +418,25 @@ mod tests {
         }
         let own = b.predict(&f).unwrap().ttft_ms;
         assert!((own - 90.0).abs() < 1.0, "b's own samples win: {own}");
+    }
+
+    #[test]
+    fn a_dispatch_round_trips_through_its_cell() {
+        let cell = DispatchCell::default();
+        assert!(cell.get().is_none(), "nothing sent yet");
+        let f = feat(300.0, 1200.0, 3.0);
+        let p = Prediction {
+            ttft_ms: 42.5,
+            tpot_ms: None,
+        };
+        cell.set(Dispatch::new(&f, Some(p)).at(7.0));
+        let d = cell.get().unwrap();
+        assert_eq!(
+            (d.features(), d.prediction(), d.sent_ms()),
+            (f, Some(p), 7.0)
+        );
+        cell.set(Dispatch::new(&f, None));
+        assert_eq!(cell.get().unwrap().prediction(), None);
     }
 
     #[test]

@@ -259,7 +259,10 @@ pub(crate) async fn send_attempt(
         Ok(r) => r,
         Err(e) => return (Err(e), None),
     };
-    ctx.tags.dispatch.set(worker.dispatch(size));
+    let since_arrival = ctx.start.elapsed().as_secs_f64() * 1e3;
+    ctx.tags
+        .dispatch
+        .set(worker.dispatch(size).at(since_arrival));
     let guard = worker.begin(route.pool.queue.as_ref(), size);
     let sent = crate::runtime::clock::now();
     let until = (sent + ctx.timeouts.first_byte).min(deadline);

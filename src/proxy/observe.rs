@@ -419,23 +419,24 @@ impl Drop for Observer {
 
 impl Observer {
     /// Feed the worker's latency model (a completed answer with a measured
-    /// TTFT; time spent queued in the gateway is not the worker's) and put its
-    /// prediction on the record.
+    /// TTFT, counted from the answering attempt's dispatch: time before it, in
+    /// the gateway's queue or on failed attempts, is not the worker's) and put
+    /// its prediction on the record.
     fn learn(&mut self, outcome: Outcome, m: &RequestMetrics) {
-        let waited = self.p.tags.waited();
         let Some(dispatch) = self.p.tags.dispatch.get() else {
             return;
         };
+        let sent = Duration::from_secs_f64(dispatch.sent_ms().max(0.0) / 1e3);
         if let Some(p) = dispatch.prediction() {
-            // From arrival, as TTFT is measured: the wait before dispatch plus
-            // the model's prediction from there.
-            self.p.route.predicted_ttft_ms = Some(waited.as_secs_f64() * 1e3 + p.ttft_ms);
+            // From arrival, as TTFT is measured.
+            self.p.route.predicted_ttft_ms = Some(dispatch.sent_ms() + p.ttft_ms);
             self.p.route.predicted_tpot_ms = p.tpot_ms;
         }
         let Some(ttft) = m.ttft else { return };
         if outcome == Outcome::Completed && self.p.status < 400 {
-            let own = ttft.saturating_sub(waited);
-            self.p.guard.learn(&dispatch, own, m.mean_itl);
+            self.p
+                .guard
+                .learn(&dispatch, ttft.saturating_sub(sent), m.mean_itl);
         }
     }
 }
