@@ -97,6 +97,8 @@ pub struct RequestInfo {
     /// `previous_response_id` (Responses API): the stored response this request
     /// continues, which only its owner holds.
     pub previous_response_id: Option<String>,
+    /// Latency objectives (headers or the tenant's defaults; set by the server).
+    pub slo: super::Slo,
 }
 
 #[derive(Deserialize)]
@@ -226,6 +228,7 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
         max_tokens: p.max_completion_tokens.or(p.max_tokens),
         routing_text: text,
         previous_response_id: p.previous_response_id.map(Cow::into_owned),
+        slo: Default::default(),
     })
 }
 

@@ -5,6 +5,8 @@ pub mod anthropic;
 pub mod error;
 pub mod inspect;
 pub mod models;
+pub mod slo;
 
 pub use error::ErrorBody;
 pub use inspect::{inspect, Endpoint, RequestInfo};
+pub use slo::Slo;

@@ -163,6 +163,8 @@ pub enum PolicyKind {
     Session,
     /// An explicit list of scorers with weights (`[pools.routing].scorers`).
     Weighted,
+    /// The most headroom against the request's latency objectives (`slo` scorer).
+    Slo,
 }
 
 impl PolicyKind {
@@ -174,6 +176,7 @@ impl PolicyKind {
         PolicyKind::Cost,
         PolicyKind::Session,
         PolicyKind::Weighted,
+        PolicyKind::Slo,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -185,6 +188,7 @@ impl PolicyKind {
             PolicyKind::Cost => "cost",
             PolicyKind::Session => "session",
             PolicyKind::Weighted => "weighted",
+            PolicyKind::Slo => "slo",
         }
     }
 
@@ -238,6 +242,19 @@ pub struct RoutingConfig {
     /// Regions within this round trip (ms) of the gateway's region count as local
     /// for this pool (0: only the gateway's own region).
     pub max_added_latency_ms: u32,
+    /// A request whose latency objective no worker is predicted to meet.
+    pub slo_unattainable: SloUnattainable,
+}
+
+/// What happens to a request whose latency objective no worker is predicted to
+/// meet (`[pools.routing].slo_unattainable`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SloUnattainable {
+    /// Served anyway on the chosen worker, marked (`x-switchyard-slo: downgraded`).
+    #[default]
+    Downgrade,
+    /// Refused at once with 503 and `Retry-After`.
+    Shed,
 }
 
 impl Default for RoutingConfig {
@@ -257,6 +274,7 @@ impl Default for RoutingConfig {
             require_labels: BTreeMap::new(),
             scorers: Vec::new(),
             max_added_latency_ms: 0,
+            slo_unattainable: SloUnattainable::Downgrade,
         }
     }
 }
@@ -338,6 +356,17 @@ impl RawRouting {
             require_labels: self.require_labels,
             scorers,
             max_added_latency_ms: self.max_added_latency_ms.unwrap_or(0),
+            slo_unattainable: match self.slo_unattainable.as_deref() {
+                None | Some("downgrade") => SloUnattainable::Downgrade,
+                Some("shed") => SloUnattainable::Shed,
+                Some(other) => {
+                    p.push(format!(
+                        "{}: expected `downgrade` or `shed` (got `{other}`)",
+                        key.field("slo_unattainable")
+                    ));
+                    SloUnattainable::Downgrade
+                }
+            },
         }
     }
 }
@@ -1817,7 +1846,7 @@ mod tests {
             [
                 "health.intervl_ms: unknown key (did you mean `interval_ms`?), expected one of `interval_ms`, `timeout_ms`, `path`, `unhealthy_threshold`, `healthy_threshold`, `eject_after_failures`, `base_ejection_ms`, `max_ejection_ms`, `max_ejected_percent`, `overload_cooldown_ms`",
                 "server.max_connections: invalid type: string \"many\", expected a non-negative integer",
-                "pools[0].policy: unknown policy `fastest` (expected one of: round_robin, random, least_queue, prefix, cost, session, weighted)",
+                "pools[0].policy: unknown policy `fastest` (expected one of: round_robin, random, least_queue, prefix, cost, session, weighted, slo)",
             ]
         );
     }
@@ -1927,6 +1956,38 @@ mod tests {
                 "health.timeout_ms: must be greater than 0"
             ]
         );
+    }
+
+    #[test]
+    fn latency_objective_settings_are_checked() {
+        let text = r#"
+            [[tenants]]
+            name = "acme"
+            api_key_env = "SWITCHYARD_TEST_UNSET_SLO_KEY"
+            slo_ttft_ms = 0
+            slo_tpot_ms = 4000000
+            [[pools]]
+            models = ["m"]
+            policy = "slo"
+            workers = [{ url = "http://h:1" }]
+            [pools.routing]
+            slo_unattainable = "panic"
+            "#;
+        let e = check_all(text, Secrets::Optional).unwrap_err().to_string();
+        for needle in [
+            "tenants[0].slo_ttft_ms: must be between 1 and 3600000 ms",
+            "tenants[0].slo_tpot_ms: must be between 1 and 3600000 ms",
+            "pools[0].routing.slo_unattainable: expected `downgrade` or `shed` (got `panic`)",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+        let ok = text
+            .replace("= 0", "= 200")
+            .replace("4000000", "30")
+            .replace("panic", "shed");
+        let c = check_all(&ok, Secrets::Optional).unwrap().config;
+        assert_eq!(c.pools[0].policy, PolicyKind::Slo);
+        assert_eq!(c.pools[0].routing.slo_unattainable, SloUnattainable::Shed);
     }
 
     #[test]

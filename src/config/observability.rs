@@ -106,6 +106,10 @@ pub struct RawTenant {
     /// Limits of the tenant's requests for one model, by model name.
     #[serde(default)]
     pub model_limits: BTreeMap<String, super::limits::RawLimits>,
+    /// Default time-to-first-token objective of this tenant's requests (ms).
+    pub slo_ttft_ms: Option<u32>,
+    /// Default time-per-output-token objective of this tenant's requests (ms).
+    pub slo_tpot_ms: Option<u32>,
 }
 
 /// One row of the price table. Matchers left out match anything; the most
@@ -318,6 +322,9 @@ pub struct TenantConfig {
     pub limits: Limits,
     pub key_limits: Limits,
     pub model_limits: BTreeMap<String, Limits>,
+    /// Default latency objectives (ms) when a request sends none.
+    pub slo_ttft_ms: Option<u32>,
+    pub slo_tpot_ms: Option<u32>,
 }
 
 impl std::fmt::Debug for TenancyConfig {
@@ -567,6 +574,9 @@ fn validate_scaling(raw: &RawScaling, pools: &[&str], p: &mut Problems) -> Scali
     }
 }
 
+/// The largest latency objective accepted (one hour, ms).
+pub const MAX_SLO_MS: u32 = 3_600_000;
+
 /// `[[tenants]]`: names and residency; the keys are read in `resolve`.
 fn validate_tenants(
     raw: Vec<RawTenant>,
@@ -597,6 +607,17 @@ fn validate_tenants(
             }
             res
         });
+        for (field, v) in [
+            ("slo_ttft_ms", t.slo_ttft_ms),
+            ("slo_tpot_ms", t.slo_tpot_ms),
+        ] {
+            if v.is_some_and(|ms| !(1..=MAX_SLO_MS).contains(&ms)) {
+                p.push(format!(
+                    "{}: must be between 1 and {MAX_SLO_MS} ms",
+                    key.field(field)
+                ));
+            }
+        }
         tenants.push(PendingTenant {
             api_key_env: t.api_key_env.clone(),
             config: tenant_config(&key, t, residency, p),
@@ -642,6 +663,8 @@ fn tenant_config(
         residency,
         allowed_models,
         priority: t.priority,
+        slo_ttft_ms: t.slo_ttft_ms,
+        slo_tpot_ms: t.slo_tpot_ms,
         limits: super::limits::validate(&key.field("limits"), t.limits, p),
         key_limits: super::limits::validate(&key.field("key_limits"), t.key_limits, p),
         model_limits,

@@ -225,6 +225,9 @@ pub struct RawRouting {
     /// Regions whose round trip from the gateway's region is within this budget
     /// (ms) count as local for this pool (cost-aware placement across regions).
     pub max_added_latency_ms: Option<u32>,
+    /// What to do with a request whose latency objective no worker is predicted
+    /// to meet: `downgrade` (serve it on the best worker, marked) or `shed`.
+    pub slo_unattainable: Option<String>,
 }
 
 /// One entry of `[pools.routing].scorers`.

@@ -35,6 +35,8 @@ pub struct WorkerView {
     pub requests: u64,
     pub tokens_per_s: f64,
     pub idle: bool,
+    /// The worker's GPUs by its DCGM exporter, when it has one.
+    pub gpu: Option<super::dcgm::Gpu>,
 }
 
 /// A pool in the fleet view.
@@ -247,6 +249,7 @@ fn worker_view(
         requests,
         tokens_per_s: rates.tokens_per_s(&w.id),
         idle: false,
+        gpu: w.state.stats.gpu.get(crate::runtime::clock::now_ms()),
     };
     (view, available && quiet && s.queue == 0.0)
 }

@@ -37,5 +37,14 @@ pub fn refresh(snap: &PoolSet) {
             names::WORKER_STATS_AGE_SECONDS,
             st.age_ms(now).map_or(-1.0, |a| a as f64 / 1000.0),
         );
+        if let Some(g) = st.gpu.get(now) {
+            set(names::WORKER_GPU_UTILIZATION_RATIO, g.util_ratio);
+            set(names::WORKER_GPU_MEMORY_USED_BYTES, g.fb_used_bytes as f64);
+            set(names::WORKER_GPU_MEMORY_FREE_BYTES, g.fb_free_bytes as f64);
+            set(
+                names::WORKER_GPU_THROTTLE_REASONS,
+                g.throttle_reasons as f64,
+            );
+        }
     }
 }

@@ -3,6 +3,7 @@
 //! the config or a worker list changes; background tasks (discovery, health,
 //! stats) keep the workers' state current.
 
+pub mod dcgm;
 pub mod discovery;
 mod dns;
 pub mod fleet;
@@ -11,6 +12,7 @@ pub mod gauges;
 pub mod health;
 mod inference_pool;
 pub mod k8s;
+pub mod predict;
 mod registry;
 pub mod scaling;
 pub mod stats;

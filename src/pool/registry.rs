@@ -85,6 +85,9 @@ pub struct Registry {
     queues: DashMap<String, Arc<FlowQueue>>,
     /// KV-event subscribers and precise index per pool name (outlive rebuilds).
     kv: DashMap<String, Arc<PoolKv>>,
+    /// Latency models pooled per accelerator kind (label `accelerator`), shared
+    /// by that kind's workers; bounded by the distinct labels configured.
+    kinds: DashMap<String, Arc<super::predict::LatencyModel>>,
 }
 
 impl Registry {
@@ -125,6 +128,12 @@ impl Registry {
         Some(kv)
     }
 
+    /// The shared latency model of `wc`'s accelerator kind, if labelled.
+    fn kind_model(&self, wc: &WorkerConfig) -> Option<Arc<super::predict::LatencyModel>> {
+        let kind = wc.labels.get(super::predict::KIND_LABEL)?;
+        Some(self.kinds.entry(kind.clone()).or_default().clone())
+    }
+
     pub fn new(config: Config) -> Arc<Registry> {
         let config = Arc::new(config);
         let reg = Registry {
@@ -140,6 +149,7 @@ impl Registry {
             budgets: DashMap::new(),
             queues: DashMap::new(),
             kv: DashMap::new(),
+            kinds: DashMap::new(),
         };
         reg.rebuild();
         Arc::new(reg)
@@ -325,6 +335,7 @@ impl Registry {
                     .entry(Arc::from(wc.url.as_str()))
                     .or_default()
                     .clone();
+                state.latency.set_kind(self.kind_model(wc));
                 match Worker::new(&wc.url, wc.labels.clone(), state) {
                     Ok(mut w) => {
                         w.region = wc

@@ -230,6 +230,8 @@ pub struct WorkerStats {
     acc_tokens: AtomicU64,
     /// Measured routing-text bytes per engine prompt token × 1000; 0 = not yet.
     bytes_per_token_milli: AtomicU64,
+    /// The worker's GPUs by its DCGM exporter (label `dcgm_url`), when it has one.
+    pub gpu: super::dcgm::GpuStats,
 }
 
 /// This gateway's counters at the moment a scrape is sent: requests started after
@@ -573,6 +575,7 @@ async fn poll_worker(
     registry: Arc<Registry>,
 ) {
     let uri = format!("{}/metrics", w.id);
+    let dcgm = w.labels.get(super::dcgm::DCGM_LABEL).cloned();
     let label = metrics::SharedString::from(w.id.clone());
     // Spread the first scrapes of many workers over one interval.
     let first = ctl.interval_ms.load(Ordering::Relaxed);
@@ -598,10 +601,33 @@ async fn poll_worker(
             Ok(Err(e)) => fail(&w, &label, &e.to_string()),
             Err(_) => fail(&w, &label, "timeout"),
         }
+        if let Some(url) = &dcgm {
+            scrape_gpu(&w, &client, url, limit, &label).await;
+        }
         // ±10 % jitter so scrapes of many workers do not align.
         let jitter = rand::thread_rng().gen_range(0.9..1.1);
         let next = started + Duration::from_millis(((every as f64) * jitter) as u64);
         tokio::time::sleep_until(next).await;
+    }
+}
+
+/// Scrape the worker's DCGM exporter into its GPU stats; a failure is counted
+/// like a failed engine scrape (`source="dcgm"` in the log line).
+async fn scrape_gpu(
+    w: &Worker,
+    client: &UpstreamClient,
+    url: &str,
+    limit: Duration,
+    label: &metrics::SharedString,
+) {
+    match tokio::time::timeout(limit, fetch_text(client, url, None)).await {
+        Ok(Ok(text)) => w
+            .state
+            .stats
+            .gpu
+            .store(&super::dcgm::parse_dcgm(&text), now_ms()),
+        Ok(Err(e)) => fail(w, label, &format!("dcgm: {e}")),
+        Err(_) => fail(w, label, "dcgm: timeout"),
     }
 }
 
@@ -616,6 +642,15 @@ async fn scrape(
     uri: &str,
     auth: Option<&http::HeaderValue>,
 ) -> anyhow::Result<Scraped> {
+    Ok(parse_metrics(&fetch_text(client, uri, auth).await?))
+}
+
+/// GET `uri` and read its body as text (at most [`MAX_METRICS_BYTES`]).
+async fn fetch_text(
+    client: &UpstreamClient,
+    uri: &str,
+    auth: Option<&http::HeaderValue>,
+) -> anyhow::Result<String> {
     let mut req = http::Request::get(uri).body(Default::default())?;
     if let Some(a) = auth {
         req.headers_mut()
@@ -630,7 +665,7 @@ async fn scrape(
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .to_bytes();
-    Ok(parse_metrics(std::str::from_utf8(&body)?))
+    Ok(String::from_utf8(body.to_vec())?)
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 use super::flow::FlowQueue;
 use super::health::HealthState;
+use super::predict::{Dispatch, Features, LatencyModel, Prediction};
 use super::stats::WorkerStats;
 use arc_swap::ArcSwap;
 use std::collections::BTreeMap;
@@ -63,6 +64,8 @@ pub struct WorkerState {
     /// Engine stats from the poller plus the gateway's corrections (`pool::stats`).
     pub stats: WorkerStats,
     pub health: HealthState,
+    /// Learnt TTFT/TPOT model (`pool::predict`), fed when responses finish.
+    pub latency: LatencyModel,
 }
 
 impl Default for WorkerState {
@@ -77,6 +80,7 @@ impl Default for WorkerState {
             discovery_error: arc_swap::ArcSwapOption::empty(),
             stats: WorkerStats::default(),
             health: HealthState::default(),
+            latency: LatencyModel::default(),
         }
     }
 }
@@ -192,6 +196,29 @@ impl Worker {
         }
     }
 
+    /// The request's dispatch as the latency model sees it: the load it meets
+    /// (take it before [`Worker::begin`] adds the request's own) and the
+    /// prediction.
+    pub fn dispatch(&self, size: RequestSize) -> Dispatch {
+        let f = self.features(size);
+        Dispatch::new(&f, self.state.latency.predict(&f))
+    }
+
+    /// What the latency model would see for a request of `size` sent now.
+    pub fn features(&self, size: RequestSize) -> Features {
+        Features::of(
+            &self.state.stats,
+            self.in_flight(),
+            super::stats::now_ms(),
+            size.prefill_tokens,
+        )
+    }
+
+    /// The latencies the worker's model predicts for a request of `size` sent now.
+    pub fn predict(&self, size: RequestSize) -> Option<Prediction> {
+        self.state.latency.predict(&self.features(size))
+    }
+
     pub fn in_flight(&self) -> u64 {
         self.state.in_flight.load(Ordering::Relaxed)
     }
@@ -235,6 +262,20 @@ pub struct InFlightGuard {
 impl InFlightGuard {
     pub fn state(&self) -> &Arc<WorkerState> {
         &self.state
+    }
+
+    /// Teach the worker's latency model what a request dispatched as `d`
+    /// measured (a completed answer's TTFT and mean inter-token gap).
+    pub fn learn(
+        &self,
+        d: &Dispatch,
+        ttft: std::time::Duration,
+        tpot: Option<std::time::Duration>,
+    ) {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        self.state
+            .latency
+            .observe(&d.features(), ms(ttft), tpot.map(ms));
     }
 
     /// The first token arrived: the request's prefill is done (idempotent).

@@ -37,6 +37,9 @@ pub async fn forward_aggregated(ctx: &ForwardContext<'_>) -> Result<Response<Bod
         let Some(decision) = run.select().await? else {
             break;
         };
+        if run.attempt == 0 {
+            super::slo::check(ctx, run.policy, &run.rreq, &decision, &|i| run.eligible(i))?;
+        }
         let pick = run.begin(&decision).await;
         // Boxed: an attempt's state is a few KB, and Rust futures hold an awaited
         // future's state inline (often twice), then are moved whole; boxing it

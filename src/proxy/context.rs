@@ -10,7 +10,7 @@ use crate::telemetry::{End, RequestRecord, RouteTags, Sinks};
 use crate::tenancy::Tenant;
 use http::HeaderValue;
 use metrics::SharedString;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +34,11 @@ pub struct RequestTags {
     attempts: AtomicU32,
     /// Time spent waiting on workers, the pool queue and retry backoff (ns).
     waited_ns: AtomicU64,
+    /// No worker was predicted to meet the request's latency objective; it was
+    /// served anyway.
+    slo_downgraded: AtomicBool,
+    /// The answering attempt's dispatch (load met, prediction) for the latency model.
+    pub dispatch: crate::pool::predict::DispatchCell,
 }
 
 impl RequestTags {
@@ -57,6 +62,8 @@ impl RequestTags {
             admitted: None,
             attempts: AtomicU32::new(0),
             waited_ns: AtomicU64::new(0),
+            slo_downgraded: AtomicBool::new(false),
+            dispatch: Default::default(),
         }
     }
 
@@ -83,7 +90,19 @@ impl RequestTags {
             reason,
             predicted_cached_tokens,
             precise,
+            predicted_ttft_ms: None,
+            predicted_tpot_ms: None,
+            slo_downgraded: self.slo_downgraded(),
         }
+    }
+
+    /// Mark the request as served below its latency objective.
+    pub fn downgrade_slo(&self) {
+        self.slo_downgraded.store(true, Ordering::Relaxed);
+    }
+
+    pub fn slo_downgraded(&self) -> bool {
+        self.slo_downgraded.load(Ordering::Relaxed)
     }
 
     /// Count an upstream attempt; returns its number (1-based).

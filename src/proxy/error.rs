@@ -95,6 +95,15 @@ pub enum GatewayError {
     /// A response id this gateway did not issue, on a path that names no model.
     #[error("No response found with id `{0}` (this gateway did not issue it)")]
     UnknownResponse(String),
+    /// No worker is predicted to meet the request's latency objective and the
+    /// pool sheds such requests.
+    #[error("No worker of model `{model}` is predicted to meet this request's latency objective (best predicted time to first token {predicted_ttft_ms} ms); retry later or relax x-slo-ttft-ms / x-slo-tpot-ms")]
+    SloUnattainable {
+        model: String,
+        predicted_ttft_ms: u64,
+        /// Seconds for `Retry-After`.
+        retry_after_s: u32,
+    },
     #[error("Upstream {worker} is unreachable: {detail}")]
     UpstreamConnect { worker: Arc<str>, detail: String },
     #[error("Upstream {worker} failed: {detail}")]
@@ -128,9 +137,10 @@ impl GatewayError {
             UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
             | UnknownResponse(_) => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            NoHealthyWorker(_) | ResidencyUnavailable { .. } | ResponseOwnerUnavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            NoHealthyWorker(_)
+            | ResidencyUnavailable { .. }
+            | ResponseOwnerUnavailable { .. }
+            | SloUnattainable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => StatusCode::TOO_MANY_REQUESTS,
             Preempted(_) => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -174,6 +184,7 @@ impl GatewayError {
             QueueTimeout(_) => "queue_timeout",
             QueueEvicted(_) => "queue_evicted",
             Preempted(_) => "preempted",
+            SloUnattainable { .. } => "slo_unattainable",
             UpstreamConnect { .. } => "upstream_connect",
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
@@ -216,7 +227,8 @@ impl GatewayError {
             | QueueEvicted(_)
             | Preempted(_)
             | ResponseOwnerGone(_)
-            | ResponseOwnerUnavailable { .. } => "gateway",
+            | ResponseOwnerUnavailable { .. }
+            | SloUnattainable { .. } => "gateway",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
         }
     }
@@ -242,6 +254,7 @@ impl GatewayError {
                     | GatewayError::QueueFull(_)
                     | GatewayError::QueueTimeout(_)
                     | GatewayError::QueueEvicted(_)
+                    | GatewayError::SloUnattainable { .. }
             )
     }
 
@@ -254,7 +267,9 @@ impl GatewayError {
             Limited(r) if r.kind.is_budget() => "insufficient_quota",
             Limited(r) if r.kind == LimitKind::StoreUnavailable => "service_unavailable",
             Limited(_) => "rate_limit_exceeded",
-            NoHealthyWorker(_) | ResidencyUnavailable { .. } => "service_unavailable",
+            NoHealthyWorker(_) | ResidencyUnavailable { .. } | SloUnattainable { .. } => {
+                "service_unavailable"
+            }
             ResponseOwnerGone(_) => "invalid_request_error",
             ResponseOwnerUnavailable { .. } => "service_unavailable",
             QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => "rate_limit_exceeded",
@@ -293,6 +308,7 @@ impl GatewayError {
             QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) | Preempted(_) => {
                 (None, Some(self.reason()))
             }
+            SloUnattainable { .. } => (None, Some("slo_unattainable")),
             _ => (None, None),
         }
     }
@@ -355,8 +371,13 @@ impl GatewayError {
         if resp.status() == StatusCode::TOO_MANY_REQUESTS
             || resp.status() == StatusCode::SERVICE_UNAVAILABLE
         {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            let after = match self {
+                GatewayError::SloUnattainable { retry_after_s, .. } => {
+                    HeaderValue::from(*retry_after_s)
+                }
+                _ => HeaderValue::from_static("1"),
+            };
+            resp.headers_mut().insert(header::RETRY_AFTER, after);
         }
         if let GatewayError::Limited(r) = self {
             resp.headers_mut()

@@ -263,6 +263,10 @@ pub(crate) async fn send_attempt(
         Ok(r) => r,
         Err(e) => return (Err(e), None),
     };
+    let since_arrival = ctx.start.elapsed().as_secs_f64() * 1e3;
+    ctx.tags
+        .dispatch
+        .set(worker.dispatch(size).at(since_arrival));
     let guard = match reserved {
         Some(r) => worker.begin_reserved(r, size),
         None => worker.begin(route.pool.queue.as_ref(), size),
@@ -531,6 +535,12 @@ pub(crate) fn respond(
     let (mut parts, incoming) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     note.write_to(ctx, &mut parts.headers);
+    if route.slo_downgraded {
+        parts.headers.insert(
+            super::slo::SLO_HEADER,
+            HeaderValue::from_static("downgraded"),
+        );
+    }
     let sse = parts
         .headers
         .get(header::CONTENT_TYPE)

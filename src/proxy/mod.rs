@@ -14,6 +14,7 @@ mod flow;
 pub mod forward;
 mod headers;
 pub mod observe;
+pub mod slo;
 pub mod upload;
 mod upstream_body;
 mod usage;

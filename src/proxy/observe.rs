@@ -416,6 +416,7 @@ impl Drop for Observer {
                 .then(|| self.itl_sum / (self.content_events - 1) as u32),
             response_bytes: self.response_bytes,
         };
+        self.learn(outcome, &m);
         self.p.tags.finish(
             telemetry::ENDPOINTS[self.p.endpoint],
             self.p.status,
@@ -426,6 +427,30 @@ impl Drop for Observer {
                 m: &m,
             },
         );
+    }
+}
+
+impl Observer {
+    /// Feed the worker's latency model (a completed answer with a measured
+    /// TTFT, counted from the answering attempt's dispatch: time before it, in
+    /// the gateway's queue or on failed attempts, is not the worker's) and put
+    /// its prediction on the record.
+    fn learn(&mut self, outcome: Outcome, m: &RequestMetrics) {
+        let Some(dispatch) = self.p.tags.dispatch.get() else {
+            return;
+        };
+        let sent = Duration::from_secs_f64(dispatch.sent_ms().max(0.0) / 1e3);
+        if let Some(p) = dispatch.prediction() {
+            // From arrival, as TTFT is measured.
+            self.p.route.predicted_ttft_ms = Some(dispatch.sent_ms() + p.ttft_ms);
+            self.p.route.predicted_tpot_ms = p.tpot_ms;
+        }
+        let Some(ttft) = m.ttft else { return };
+        if outcome == Outcome::Completed && self.p.status < 400 {
+            self.p
+                .guard
+                .learn(&dispatch, ttft.saturating_sub(sent), m.mean_itl);
+        }
     }
 }
 

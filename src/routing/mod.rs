@@ -75,6 +75,9 @@ pub enum Reason {
     Decode,
     /// The worker holding the stored response the request continues.
     Owner,
+    /// The most headroom against the request's latency objectives (or the
+    /// shortest predicted time to first token).
+    SloHeadroom,
 }
 
 impl Reason {
@@ -91,6 +94,7 @@ impl Reason {
         Reason::Prefill,
         Reason::Decode,
         Reason::Owner,
+        Reason::SloHeadroom,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -107,6 +111,7 @@ impl Reason {
             Reason::Prefill => "pd_prefill",
             Reason::Decode => "pd_decode",
             Reason::Owner => "response_owner",
+            Reason::SloHeadroom => "slo_headroom",
         }
     }
 }
@@ -325,6 +330,7 @@ pub fn build(ctx: &BuildContext<'_>) -> Box<dyn Policy> {
 pub fn needs_index(pool: &PoolConfig) -> bool {
     pool.routing.allow_policy_override
         || pool.policy == PolicyKind::Prefix
+        || pool.policy == PolicyKind::Slo
         || pool
             .routing
             .scorers

@@ -135,6 +135,12 @@ impl Pipeline {
                 true,
                 false,
             ),
+            PolicyKind::Slo => (
+                "slo",
+                vec![("slo".into(), 1.0), ("queue".into(), 0.01)],
+                false,
+                false,
+            ),
             PolicyKind::Weighted => {
                 let cost = r.scorers.iter().any(|(k, _)| &**k == "cost");
                 ("weighted", r.scorers.clone(), true, cost)
@@ -474,6 +480,12 @@ impl Pipeline {
             precise,
             max_precise,
             key,
+            prompt_tokens: req
+                .info
+                .routing_text
+                .as_ref()
+                .map_or(0, |t| t.len() as u64 / self.bytes_per_token.max(1)),
+            block_tokens: self.block_tokens,
         };
         Some(view)
     }
@@ -506,6 +518,7 @@ impl Pipeline {
                 wait,
                 own_wait: wait,
                 kv: l.kv_usage,
+                pending: l.pending_tokens,
                 stale: l.freshness == Freshness::Stale,
                 price: self.prices[i],
                 room: true,

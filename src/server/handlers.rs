@@ -352,7 +352,9 @@ impl<'a> Inbound<'a> {
         }
         api::inspect::check_depth(&body, server.max_json_depth)
             .map_err(|e| not_inspectable(e, headers))?;
-        let info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
+        let mut info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
+        info.slo = api::Slo::from_headers(headers, tags.tenant.slo)
+            .map_err(GatewayError::InvalidRequest)?;
         if self.endpoint.is_anthropic() {
             api::anthropic::check(self.endpoint, &info).map_err(GatewayError::InvalidRequest)?;
         }

@@ -44,6 +44,12 @@ pub struct AccessRecord {
     /// when nothing was answered.
     pub usage: Option<&'static str>,
     pub predicted_cached_tokens: Option<u64>,
+    /// What the worker's latency model predicted at dispatch (ms).
+    pub predicted_ttft_ms: Option<f64>,
+    pub predicted_tpot_ms: Option<f64>,
+    /// The request's latency SLO was predicted unattainable; it was served anyway.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub slo_downgraded: bool,
     pub cost_usd: f64,
     pub request_bytes: u64,
     pub response_bytes: u64,

@@ -152,6 +152,9 @@ pub struct PairMetrics {
     pub ttft: Arc<LocalHistogram>,
     pub itl: Arc<LocalHistogram>,
     pub e2e: Arc<LocalHistogram>,
+    /// Predicted TTFT and its relative error, for answers with both.
+    pub predicted_ttft: Arc<LocalHistogram>,
+    pub ttft_error: Arc<LocalHistogram>,
     attempt_ok: LocalCounter,
     /// `switchyard_requests_total` by (pool, region, tenant, endpoint, status, class, outcome).
     pub requests: CounterCache<RequestsKey>,
@@ -218,6 +221,13 @@ impl PairMetrics {
             ttft: latency((names::TTFT_SECONDS, names::TTFT_HELP)),
             itl: latency((names::ITL_SECONDS, names::ITL_HELP)),
             e2e: latency((names::E2E_SECONDS, names::E2E_HELP)),
+            predicted_ttft: latency((names::PREDICTED_TTFT_SECONDS, names::PREDICTED_TTFT_HELP)),
+            ttft_error: local::histogram(
+                names::TTFT_PREDICTION_ERROR,
+                names::TTFT_PREDICTION_ERROR_HELP,
+                names::ERROR_RATIO_BUCKETS,
+                &labels,
+            ),
             attempt_ok: LocalCounter::new(counter!(names::UPSTREAM_ATTEMPTS_TOTAL,
                 names::L_WORKER => worker.clone(), names::L_RESULT => "ok")),
             requests: CounterCache::default(),

@@ -13,6 +13,15 @@ pub const TTFT_HELP: &str =
     "Time from request arrival at the gateway to the first response event carrying generated content.";
 pub const ITL_HELP: &str = "Gap between successive content events of a streamed response.";
 pub const E2E_HELP: &str = "Time from request arrival to the end of the response body.";
+pub const PREDICTED_TTFT_SECONDS: &str = "switchyard_predicted_ttft_seconds";
+pub const PREDICTED_TTFT_HELP: &str =
+    "Time to first token the worker's latency model predicted at dispatch, for answers whose TTFT was measured (compare with switchyard_ttft_seconds).";
+pub const TTFT_PREDICTION_ERROR: &str = "switchyard_ttft_prediction_error_ratio";
+pub const TTFT_PREDICTION_ERROR_HELP: &str =
+    "Absolute error of the predicted time to first token relative to the measured one (|predicted - actual| / actual).";
+/// Buckets of the relative prediction error.
+pub const ERROR_RATIO_BUCKETS: &[f64] = &[0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0];
+pub const SLO_DECISIONS_TOTAL: &str = "switchyard_slo_decisions_total";
 pub const TOKENS_TOTAL: &str = "switchyard_tokens_total";
 pub const GATEWAY_ERRORS_TOTAL: &str = "switchyard_gateway_errors_total";
 pub const UPSTREAM_ATTEMPTS_TOTAL: &str = "switchyard_upstream_attempts_total";
@@ -25,6 +34,10 @@ pub const WORKER_WAITING: &str = "switchyard_worker_waiting";
 pub const WORKER_RUNNING: &str = "switchyard_worker_running";
 pub const WORKER_KV_USAGE_RATIO: &str = "switchyard_worker_kv_usage_ratio";
 pub const WORKER_STATS_AGE_SECONDS: &str = "switchyard_worker_stats_age_seconds";
+pub const WORKER_GPU_UTILIZATION_RATIO: &str = "switchyard_worker_gpu_utilization_ratio";
+pub const WORKER_GPU_MEMORY_USED_BYTES: &str = "switchyard_worker_gpu_memory_used_bytes";
+pub const WORKER_GPU_MEMORY_FREE_BYTES: &str = "switchyard_worker_gpu_memory_free_bytes";
+pub const WORKER_GPU_THROTTLE_REASONS: &str = "switchyard_worker_gpu_throttle_reasons";
 pub const STATS_POLL_ERRORS_TOTAL: &str = "switchyard_stats_poll_errors_total";
 pub const PREFIX_INDEX_ENTRIES: &str = "switchyard_prefix_index_entries";
 pub const PREFIX_INDEX_PAIRS: &str = "switchyard_prefix_index_pairs";
@@ -339,6 +352,28 @@ fn describe_observability() {
 
 /// Help text for the worker-stats and routing metrics.
 fn describe_routing() {
+    describe_gauge!(
+        WORKER_GPU_UTILIZATION_RATIO,
+        "Mean GPU utilisation of the worker's GPUs (0..1) from its DCGM exporter (workers labelled dcgm_url)."
+    );
+    describe_gauge!(
+        WORKER_GPU_MEMORY_USED_BYTES,
+        Unit::Bytes,
+        "GPU frame-buffer memory used, summed over the worker's GPUs, from its DCGM exporter."
+    );
+    describe_gauge!(
+        WORKER_GPU_MEMORY_FREE_BYTES,
+        Unit::Bytes,
+        "GPU frame-buffer memory free, summed over the worker's GPUs, from its DCGM exporter."
+    );
+    describe_gauge!(
+        WORKER_GPU_THROTTLE_REASONS,
+        "DCGM clock-throttle reasons of the worker's GPUs, OR-ed (bitmask; 0: none, 1: idle)."
+    );
+    describe_counter!(
+        SLO_DECISIONS_TOTAL,
+        "Requests with a latency objective by what the latency models said at their first pick, per pool: met (some worker is predicted to meet it), unknown (a model has not learnt enough), downgraded (served anyway) or shed."
+    );
     describe_gauge!(
         WORKER_QUEUE,
         "Estimated requests queued or running on the worker as routing sees it: waiting + running from the last scrape, corrected by requests started and finished since."

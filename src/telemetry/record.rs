@@ -22,6 +22,12 @@ pub struct RouteTags {
     pub predicted_cached_tokens: Option<u64>,
     /// The prediction came from the engines' KV events (precise index).
     pub precise: bool,
+    /// The worker's latency model at dispatch: predicted TTFT and time per
+    /// output token (ms), when it had learnt enough.
+    pub predicted_ttft_ms: Option<f64>,
+    pub predicted_tpot_ms: Option<f64>,
+    /// The request's SLO could not be met and it was served anyway.
+    pub slo_downgraded: bool,
 }
 
 /// How a request ended.

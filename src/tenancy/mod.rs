@@ -42,6 +42,8 @@ pub struct Tenant {
     pub key_id: Option<Arc<str>>,
     /// A configured tenant's models, priority and limits.
     pub policy: Option<Arc<TenantPolicy>>,
+    /// Latency objectives for requests that send none.
+    pub slo: crate::api::Slo,
 }
 
 /// What a configured tenant may do.
@@ -134,6 +136,10 @@ fn configured(t: &TenantConfig) -> Tenant {
             key_limits: t.key_limits.clone(),
             model_limits: t.model_limits.clone(),
         })),
+        slo: crate::api::Slo {
+            ttft_ms: t.slo_ttft_ms,
+            tpot_ms: t.slo_tpot_ms,
+        },
     }
 }
 
@@ -164,6 +170,7 @@ impl Tenancy {
                 residency: None,
                 key_id: None,
                 policy: None,
+                slo: Default::default(),
             },
             trust_header: cfg.trust_tenant_header,
             require_key: cfg.require_key,
@@ -281,6 +288,7 @@ mod tests {
                 TenantConfig {
                     name: "globex".into(),
                     key_sha256: Some(keys::digest(b"sk-globex-456")),
+                    slo_ttft_ms: Some(250),
                     ..Default::default()
                 },
             ],
@@ -312,6 +320,14 @@ mod tests {
             .unwrap();
         assert_eq!(&*acme.name, "acme");
         assert!(acme.authenticated);
+        assert_eq!(acme.slo.ttft_ms, None);
+        let globex = headers(&[("authorization", "Bearer sk-globex-456")]);
+        let globex = t.resolve(&globex, &none()).unwrap();
+        assert_eq!(
+            globex.slo.ttft_ms,
+            Some(250),
+            "the tenant's default objective"
+        );
         assert_eq!(
             &*t.resolve(
                 &headers(&[("authorization", "Bearer sk-globex-456")]),

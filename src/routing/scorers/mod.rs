@@ -16,6 +16,7 @@ mod precise_prefix;
 mod prefix;
 mod queue;
 mod session;
+mod slo;
 
 pub use cost::Cost;
 pub use kv::Kv;
@@ -23,6 +24,7 @@ pub use precise_prefix::PrecisePrefix;
 pub use prefix::Prefix;
 pub use queue::Queue;
 pub use session::Session;
+pub use slo::Slo;
 
 use super::{Reason, RouteRequest};
 use crate::config::RawConfig;
@@ -44,6 +46,8 @@ pub struct Candidate {
     pub own_wait: f64,
     /// KV-cache usage in [0, 1].
     pub kv: f64,
+    /// Prompt tokens queued for prefill on the worker (the stats' pending tokens).
+    pub pending: f64,
     /// Its stats are stale (and some other candidate's are fresh).
     pub stale: bool,
     /// USD per 1M tokens (0 when unpriced).
@@ -82,6 +86,10 @@ pub struct PickView<'a> {
     pub max_precise: f64,
     /// The stable key that breaks ties (rendezvous hashing).
     pub key: u64,
+    /// The request's estimated prompt tokens, and tokens per prefix block (what
+    /// a candidate's `depth` saves).
+    pub prompt_tokens: u64,
+    pub block_tokens: u64,
 }
 
 /// What a scorer computes once per pick and reads back for every candidate: two
@@ -146,6 +154,7 @@ pub const REGISTRY: &[Entry] = &[
     ("session", || Box::new(Session)),
     ("kv", || Box::new(Kv)),
     ("precise_prefix", || Box::new(PrecisePrefix)),
+    ("slo", || Box::new(Slo)),
     #[cfg(test)]
     ("last", || Box::new(last::Last)),
 ];
@@ -221,6 +230,8 @@ pub(crate) mod testing {
             precise: false,
             max_precise: 0.0,
             key: session.map_or(0, |s| xxhash_rust::xxh3::xxh3_64(s.as_bytes())),
+            prompt_tokens: 0,
+            block_tokens: 16,
         };
         f(view)
     }

@@ -88,6 +88,12 @@ impl Sinks {
     ) -> f64 {
         if let Some(t) = m.ttft {
             pair.ttft.record(t.as_secs_f64());
+            if let Some(p) = route.predicted_ttft_ms {
+                let actual = t.as_secs_f64();
+                pair.predicted_ttft.record(p / 1e3);
+                pair.ttft_error
+                    .record((p / 1e3 - actual).abs() / actual.max(1e-6));
+            }
         }
         pair.e2e.record(m.e2e.as_secs_f64());
         let toks = super::cost::TokenCounts {
@@ -180,11 +186,18 @@ fn access_record(r: &RequestRecord<'_>, cost_usd: f64) -> AccessRecord {
             }
         }),
         predicted_cached_tokens: route.and_then(|x| x.predicted_cached_tokens),
+        predicted_ttft_ms: route.and_then(|x| x.predicted_ttft_ms).map(round_ms),
+        predicted_tpot_ms: route.and_then(|x| x.predicted_tpot_ms).map(round_ms),
+        slo_downgraded: route.is_some_and(|x| x.slo_downgraded),
         cost_usd,
         request_bytes: r.request_bytes,
         response_bytes: m.map_or(0, |m| m.response_bytes),
         trace_id: r.trace.sampled.then(|| r.trace.trace_id_hex()),
     }
+}
+
+fn round_ms(v: f64) -> f64 {
+    (v * 1e3).round() / 1e3
 }
 
 fn ms(d: Duration) -> f64 {

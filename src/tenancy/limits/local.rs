@@ -224,6 +224,7 @@ mod tests {
                 key_limits,
                 ..Default::default()
             })),
+            slo: Default::default(),
         }
     }
 
