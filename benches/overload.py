@@ -47,7 +47,10 @@ sys.path.insert(0, str(ROOT / "benches"))
 import overhead  # noqa: E402  (spawn/cleanup by PID, readiness)
 
 SWITCHYARD = os.environ.get("SWITCHYARD_BIN", str(ROOT / "target/release/switchyard"))
-POLICIES = os.environ.get("POLICIES", "least_queue,prefix,slo").split(",")
+# `NAME+flow`: policy NAME with the gateway's flow control on (each engine's batch
+# slots as the in-flight limit, the rest held in the gateway, tenants sharing
+# fairly in tokens).
+POLICIES = os.environ.get("POLICIES", "least_queue,prefix,slo,slo+flow").split(",")
 H100S = int(os.environ.get("H100S", "2"))
 L4S = int(os.environ.get("L4S", "2"))
 MAX_SEQS = int(os.environ.get("MAX_SEQS", "8"))
@@ -91,7 +94,9 @@ def start_sim(tmp: Path, name: str, profile: str) -> str:
 
 
 def start_gateway(tmp: Path, name: str, policy: str, urls: list[str]) -> str:
+    policy, _, flow = policy.partition("+")
     shed = "shed" if policy == "slo" else "downgrade"
+    flow_lines = f"max_concurrency_per_worker = {MAX_SEQS}\n[pools.flow_control]\n" if flow else ""
     workers = ", ".join(f'{{ url = "{u}" }}' for u in urls)
     cfg = tmp / f"{name}.toml"
     cfg.write_text(f"""
@@ -106,7 +111,7 @@ name = "p"
 models = ["{MODEL}"]
 policy = "{policy}"
 workers = [{workers}]
-[pools.routing]
+{flow_lines}[pools.routing]
 stats_interval_ms = 100
 slo_unattainable = "{shed}"
 """)
