@@ -11,7 +11,8 @@ Reported: user-space instructions per request of the proxy thread that served th
 a clock and are left out).
 
   targets   nginx (one worker, master_process off), bare-hyper (examples/bare_proxy),
-            switchyard (--threads 1), switchyard-pgo (when target/pgo/switchyard exists)
+            switchyard (--threads 1), switchyard-pgo (when target/pgo/switchyard exists),
+            switchyard-limits (LIMITS=1: keys required, every in-memory limit on)
 
   python3 benches/instructions.py                # ~20 s; needs valgrind and nginx
   REQUESTS=5000 python3 benches/instructions.py
@@ -38,11 +39,12 @@ REQUESTS = int(os.environ.get("REQUESTS", "2000"))
 WARMUP = 300
 
 
-def drive(port: int, n: int) -> None:
+def drive(port: int, n: int, headers: dict[str, str] | None = None) -> None:
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     body = o.REQUEST_BODY.encode()
+    h = {"Content-Type": "application/json", **(headers or {})}
     for _ in range(n):
-        c.request("POST", o.PATH, body, {"Content-Type": "application/json"})
+        c.request("POST", o.PATH, body, h)
         r = c.getresponse()
         data = r.read()
         if r.status != 200:
@@ -57,7 +59,8 @@ def totals(path: Path) -> int:
     return 0
 
 
-def measure(tmp: Path, name: str, argv: list[str], port: int) -> dict:
+def measure(tmp: Path, name: str, argv: list[str], port: int,
+            headers: dict[str, str] | None = None) -> dict:
     out = tmp / name
     out.mkdir()
     p = o.spawn(name, ["valgrind", "--tool=callgrind", "--separate-threads=yes",
@@ -69,9 +72,9 @@ def measure(tmp: Path, name: str, argv: list[str], port: int) -> dict:
         if p.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{name} did not start under valgrind; see {out}/valgrind.log")
         time.sleep(0.2)  # poll interval
-    drive(port, WARMUP)
+    drive(port, WARMUP, headers)
     subprocess.run(["callgrind_control", "-z", str(p.pid)], check=True, capture_output=True)
-    drive(port, REQUESTS)
+    drive(port, REQUESTS, headers)
     subprocess.run(["callgrind_control", "-d", str(p.pid)], check=True, capture_output=True)
     # The dump (part 1, one file per thread: cg.PID.1-TT) is written by the process
     # itself: wait until it is complete.
@@ -123,6 +126,16 @@ def main() -> int:
                 port = o.free_port()
                 rows.append(measure(tmp, name, [binary, "serve", "--listen", f"127.0.0.1:{port}",
                                                 "--worker", up_url, "--threads", "1"], port))
+        if o.LIMITS and os.access(sy, os.X_OK):
+            # The same binary with keys required and every in-memory limit on.
+            os.environ["SWITCHYARD_BENCH_KEY"] = o.BENCH_KEY
+            cfg = tmp / "limits.toml"
+            cfg.write_text(o.LIMITS_TOML)
+            port = o.free_port()
+            rows.append(measure(tmp, "switchyard-limits",
+                                [sy, "serve", "--listen", f"127.0.0.1:{port}", "--config", str(cfg),
+                                 "--worker", up_url, "--threads", "1"], port,
+                                {"Authorization": f"Bearer {o.BENCH_KEY}"}))
         base = rows[0]["thread"]
         print(f"Instructions per request (callgrind, {REQUESTS} sequential requests after "
               f"{WARMUP} warm-up; user space only)\n")
