@@ -251,6 +251,26 @@ async fn keys_models_and_limits() {
         "{msg}"
     );
 
+    // Uploads count against the same limit (the fourth request of three).
+    let upload = format!(
+        "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{model}\r\n\
+         --b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\r\n--b--\r\n"
+    );
+    let r = client()
+        .post(format!("{url}/v1/audio/transcriptions"))
+        .bearer_auth(RPM_KEY)
+        .header("content-type", "multipart/form-data; boundary=b")
+        .body(upload)
+        .send()
+        .await
+        .unwrap();
+    let (st, e) = error_of(r).await;
+    assert_eq!(
+        (st, e["param"].as_str()),
+        (429, Some("requests_per_minute")),
+        "{e}"
+    );
+
     concurrency(url, &model).await;
     token_correction(url, &model).await;
     budget(url, &model).await;

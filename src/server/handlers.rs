@@ -269,6 +269,8 @@ impl<'a> Inbound<'a> {
             model: Some(route.model.to_string()),
             ..Default::default()
         };
+        // The stored response belongs to a model: the tenant's rules apply.
+        self.limit(route, &info, &Bytes::new(), tags).await?;
         let ctx = ForwardContext {
             parts: &parts,
             pinned: Some(idx),
@@ -323,6 +325,8 @@ impl<'a> Inbound<'a> {
             model: Some(model),
             ..Default::default()
         };
+        // An upload counts as a request (its tokens come from the answer's usage).
+        self.limit(route, &info, &Bytes::new(), tags).await?;
         let ctx = ForwardContext {
             upload: Some(&upload),
             ..self.context(route, Bytes::new(), &info, tags, residency.as_ref())
