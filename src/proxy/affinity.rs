@@ -9,18 +9,16 @@
 //! replica finds the owner by looking the token up in its snapshot, and writes
 //! the engine's own id back into the request on the way in.
 //!
-//! Rewriting out is a pass-through body ([`IdRewriter`]) that replaces
+//! Rewriting out is a pass-through body ([`rewrite_ids`]) that replaces
 //! `"id":"resp_` (and `response_id`, `previous_response_id`) as bytes go by,
 //! holding back at most a partial match at the end of a chunk, so streamed
 //! events are never buffered.
 
+use super::edited::{Edit, Edited};
 use crate::routes::{ModelRoute, Snapshot};
 use bytes::{Bytes, BytesMut};
-use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
 
 /// The prefix of ids the gateway issued.
 const MARK: &str = "resp_sy";
@@ -110,30 +108,33 @@ const PATTERNS: &[&[u8]] = &[
 ];
 
 /// Replaces engine response ids by gateway ids in a body as it streams.
-pub struct IdRewriter<B> {
-    inner: B,
+pub(crate) type IdRewriter<B> = Edited<B, Ids>;
+
+/// `inner` with the engine's response ids replaced by the gateway's for `token`.
+pub(crate) fn rewrite_ids<B>(inner: B, token: u64) -> IdRewriter<B> {
+    Edited::new(
+        inner,
+        Ids {
+            insert: format!("{MARK}{token:016x}").into_bytes(),
+            held: BytesMut::new(),
+            finders: PATTERNS.iter().map(|p| memmem::Finder::new(*p)).collect(),
+        },
+    )
+}
+
+/// The id edit: where the patterns are, what to insert, and what is held.
+pub(crate) struct Ids {
     /// `"resp_sy<token>` inserted before each engine id's `resp_`.
     insert: Vec<u8>,
     /// The end of the last chunk that may begin a pattern.
     held: BytesMut,
     finders: Vec<memmem::Finder<'static>>,
-    done: bool,
 }
 
-impl<B> IdRewriter<B> {
-    pub fn new(inner: B, token: u64) -> Self {
-        IdRewriter {
-            inner,
-            insert: format!("{MARK}{token:016x}").into_bytes(),
-            held: BytesMut::new(),
-            finders: PATTERNS.iter().map(|p| memmem::Finder::new(*p)).collect(),
-            done: false,
-        }
-    }
-
+impl Edit for Ids {
     /// Rewrite `data` (after what was held); hold back a suffix that is a
     /// proper prefix of a pattern.
-    fn rewrite(&mut self, data: &[u8]) -> Bytes {
+    fn pass(&mut self, data: &[u8]) -> Bytes {
         let mut buf = std::mem::take(&mut self.held);
         buf.extend_from_slice(data);
         let mut hits: Vec<usize> = Vec::new();
@@ -155,6 +156,10 @@ impl<B> IdRewriter<B> {
         self.held = BytesMut::from(&buf[cut..]);
         out.freeze()
     }
+
+    fn rest(&mut self) -> Bytes {
+        std::mem::take(&mut self.held).freeze()
+    }
 }
 
 /// Length of the longest suffix of `buf` that is a proper prefix of a pattern
@@ -169,56 +174,10 @@ fn partial_suffix(buf: &[u8]) -> usize {
         .unwrap_or(0)
 }
 
-impl<B> Body for IdRewriter<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.get_mut();
-        loop {
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        let out = this.rewrite(&data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                    }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => {
-                    this.done = true;
-                    if !this.held.is_empty() {
-                        let rest = std::mem::take(&mut this.held).freeze();
-                        return Poll::Ready(Some(Ok(Frame::data(rest))));
-                    }
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body::Frame;
     use http_body_util::{BodyExt, StreamBody};
 
     #[test]
@@ -248,7 +207,7 @@ mod tests {
             Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(c.as_bytes())))
         });
         let body = StreamBody::new(futures_util::stream::iter(frames));
-        let r = IdRewriter::new(body, 0xab);
+        let r = rewrite_ids(body, 0xab);
         let bytes = r.collect().await.unwrap().to_bytes();
         String::from_utf8(bytes.to_vec()).unwrap()
     }

@@ -579,13 +579,13 @@ pub(crate) fn respond(
     {
         // The usage chunk the gateway asked for is not the client's.
         parts.headers.remove(header::CONTENT_LENGTH);
-        return Response::from_parts(parts, Body::new(super::usage::Stripped::new(observed)));
+        return Response::from_parts(parts, Body::new(super::usage::strip(observed)));
     }
     if ctx.endpoint == Endpoint::Responses {
         // Response ids carry their owner (`affinity`); the length changes.
         parts.headers.remove(header::CONTENT_LENGTH);
         let token = super::affinity::owner_token(&worker.id);
-        let rewritten = super::affinity::IdRewriter::new(Body::new(observed), token);
+        let rewritten = super::affinity::rewrite_ids(Body::new(observed), token);
         return Response::from_parts(parts, Body::new(rewritten));
     }
     Response::from_parts(parts, Body::new(observed))

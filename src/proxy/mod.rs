@@ -8,6 +8,7 @@ mod attempts;
 pub mod cancel;
 pub mod context;
 pub(crate) mod disagg;
+mod edited;
 mod error;
 mod fallback;
 mod flow;

@@ -4,16 +4,14 @@
 //! the engine for usage (`upstream_body`), reads it as it passes (`observe`),
 //! and strips the usage chunk from the stream of a client that did not ask.
 
+use super::edited::{Edit, Edited};
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::PoolConfig;
 use crate::telemetry::names;
 use bytes::{Bytes, BytesMut};
-use http_body::{Body, Frame, SizeHint};
 use memchr::memmem;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 
 /// Does the gateway ask `pool`'s engine for usage the client did not ask for?
 pub(crate) fn asks(info: &RequestInfo, pool: &PoolConfig, endpoint: Endpoint) -> bool {
@@ -36,21 +34,17 @@ pub(crate) fn estimated(pool: &metrics::SharedString) {
 
 /// The client's event stream without the usage-only chunk the gateway asked for.
 /// Whole events pass as they complete; only an unfinished one is held.
-pub(crate) struct Stripped<B> {
-    inner: B,
-    held: BytesMut,
-    done: bool,
+pub(crate) fn strip<B>(inner: B) -> Edited<B, UsageOnly> {
+    Edited::new(inner, UsageOnly::default())
 }
 
-impl<B> Stripped<B> {
-    pub(crate) fn new(inner: B) -> Self {
-        Stripped {
-            inner,
-            held: BytesMut::new(),
-            done: false,
-        }
-    }
+/// The strip edit: the unfinished event held.
+#[derive(Default)]
+pub(crate) struct UsageOnly {
+    held: BytesMut,
+}
 
+impl Edit for UsageOnly {
     /// The complete events of what was held plus `data`, without usage-only
     /// ones; the unfinished rest stays held.
     fn pass(&mut self, data: &[u8]) -> Bytes {
@@ -69,6 +63,10 @@ impl<B> Stripped<B> {
             }
         }
         out.freeze()
+    }
+
+    fn rest(&mut self) -> Bytes {
+        self.held.split().freeze()
     }
 }
 
@@ -124,54 +122,6 @@ fn usage_only(event: &[u8]) -> bool {
     }
 }
 
-impl<B> Body for Stripped<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.get_mut();
-        loop {
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        let out = this.pass(&data);
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                    }
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
-                },
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => {
-                    // An unterminated last event is passed as it is.
-                    this.done = true;
-                    if !this.held.is_empty() {
-                        let rest = this.held.split().freeze();
-                        return Poll::Ready(Some(Ok(Frame::data(rest))));
-                    }
-                }
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,10 +132,10 @@ data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_t
 data: [DONE]\n\n";
 
     fn strip_in_pieces(cut: usize) -> Vec<u8> {
-        let mut s = Stripped::new(());
+        let mut s = UsageOnly::default();
         let mut out = s.pass(&STREAM[..cut]).to_vec();
         out.extend_from_slice(&s.pass(&STREAM[cut..]));
-        out.extend_from_slice(&s.held);
+        out.extend_from_slice(&s.rest());
         out
     }
 
