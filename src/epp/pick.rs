@@ -44,17 +44,14 @@ impl Choice {
 
     /// How much prefill work the request brings to the picked worker.
     pub fn size(&self) -> RequestSize {
-        let bytes = self
-            .info
-            .routing_text
-            .as_ref()
-            .map_or(0, |t| t.len() as u64);
-        let tokens = bytes / u64::from(self.route.pool.config.routing.bytes_per_token.get());
-        RequestSize {
-            bytes,
-            tokens,
-            prefill_tokens: tokens.saturating_sub(self.predicted.unwrap_or(0)),
-        }
+        RequestSize::estimate(
+            self.info
+                .routing_text
+                .as_ref()
+                .map_or(0, |t| t.len() as u64),
+            self.route.pool.config.routing.bytes_per_token,
+            self.predicted.unwrap_or(0),
+        )
     }
 }
 

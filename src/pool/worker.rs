@@ -235,6 +235,19 @@ pub struct RequestSize {
     pub prefill_tokens: u64,
 }
 
+impl RequestSize {
+    /// Estimated from the routing text's length at `bytes_per_token`, `cached`
+    /// of its tokens expected in the worker's prefix cache.
+    pub fn estimate(text_bytes: u64, bytes_per_token: std::num::NonZeroU32, cached: u64) -> Self {
+        let tokens = text_bytes / u64::from(bytes_per_token.get());
+        RequestSize {
+            bytes: text_bytes,
+            tokens,
+            prefill_tokens: tokens.saturating_sub(cached),
+        }
+    }
+}
+
 /// A slot taken on a worker by a pick whose request is not sent yet.
 pub struct Reservation {
     slot: Option<(Arc<WorkerState>, Option<Arc<FlowQueue>>)>,

@@ -127,17 +127,14 @@ impl ForwardContext<'_> {
     /// The request's size for load accounting, `cached` of its prompt tokens
     /// expected in the chosen worker's prefix cache.
     pub(crate) fn size(&self, cached: u64) -> RequestSize {
-        let bytes = self
-            .info
-            .routing_text
-            .as_ref()
-            .map_or(0, |t| t.len() as u64);
-        let tokens = bytes / u64::from(self.route.pool.config.routing.bytes_per_token.get());
-        RequestSize {
-            bytes,
-            tokens,
-            prefill_tokens: tokens.saturating_sub(cached),
-        }
+        RequestSize::estimate(
+            self.info
+                .routing_text
+                .as_ref()
+                .map_or(0, |t| t.len() as u64),
+            self.route.pool.config.routing.bytes_per_token,
+            cached,
+        )
     }
 }
 
