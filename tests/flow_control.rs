@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use support::{eventually, metric_sum, scrape};
 use switchyard::sim::SimHandle;
-use tokio::io::AsyncBufReadExt;
 use tokio::task::JoinHandle;
 
 const MODEL: &str = "sim-tiny";
@@ -41,41 +40,18 @@ async fn serve(name: &str, sims: &[&SimHandle], pool_lines: &str, tail: &str) ->
         workers.join(", ")
     );
     let file = support::config_file(name, &toml);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&file)
-        .env("FLOW_TEST_ADMIN_TOKEN", ADMIN_TOKEN)
-        .stdout(std::process::Stdio::piped())
-        .stderr(if std::env::var_os("FLOW_TEST_LOG").is_some() {
-            std::process::Stdio::inherit()
-        } else {
-            std::process::Stdio::null()
-        })
-        .kill_on_drop(true)
-        .spawn()
-        .expect("binary starts");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut admin, mut url) = (None, None);
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(l) = lines.next_line().await.unwrap() {
-            if let Some(a) = l.strip_prefix("switchyard admin url=") {
-                admin = Some(a.to_string());
-            }
-            if let Some(u) = l.strip_prefix("switchyard ready url=") {
-                url = Some(u.to_string());
-                return;
-            }
-        }
-        panic!("binary exited before it was ready");
-    })
-    .await
-    .expect("ready line");
-    // Keep draining stdout so the process never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    // FLOW_TEST_LOG=1 keeps the gateway's log next to the test's files.
+    let log = std::env::var_os("FLOW_TEST_LOG").map(|_| file.with_extension("log"));
+    let r = support::serve_binary_with(
+        &file,
+        &[("FLOW_TEST_ADMIN_TOKEN", ADMIN_TOKEN)],
+        log.as_deref(),
+    )
+    .await;
     Gw {
-        _child: child,
-        url: url.unwrap(),
-        admin,
+        _child: r.child,
+        url: r.url,
+        admin: r.admin,
     }
 }
 

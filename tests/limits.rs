@@ -91,45 +91,24 @@ workers = [{{ url = "{sim}" }}]
 }
 
 async fn start(model: &str, sim: &str) -> Gw {
-    use tokio::io::AsyncBufReadExt;
     let file = config_file("limits", "");
     let dir = file.parent().unwrap().to_path_buf();
     std::fs::write(&file, config(model, sim, &dir)).unwrap();
     let stderr = dir.join("stderr.log");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&file)
-        .env("SY_LIMITS_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("SY_LIMITS_ACME_KEY", ACME_KEY)
-        .env("SY_LIMITS_RPM_KEY", RPM_KEY)
-        .env("SY_LIMITS_CONC_KEY", CONC_KEY)
-        .env("SY_LIMITS_TOK_KEY", TOK_KEY)
-        .env("SY_LIMITS_BUDGET_KEY", BUDGET_KEY)
-        .env("RUST_LOG", "debug")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("binary starts");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let (url, admin) = tokio::time::timeout(Duration::from_secs(30), async {
-        let mut admin = None;
-        while let Some(l) = lines.next_line().await.unwrap() {
-            if let Some(u) = l.strip_prefix("switchyard admin url=") {
-                admin = Some(u.to_string());
-            }
-            if let Some(u) = l.strip_prefix("switchyard ready url=") {
-                return (u.to_string(), admin.expect("admin line first"));
-            }
-        }
-        panic!("binary exited before printing its url");
-    })
-    .await
-    .expect("ready line");
+    let env = [
+        ("SY_LIMITS_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("SY_LIMITS_ACME_KEY", ACME_KEY),
+        ("SY_LIMITS_RPM_KEY", RPM_KEY),
+        ("SY_LIMITS_CONC_KEY", CONC_KEY),
+        ("SY_LIMITS_TOK_KEY", TOK_KEY),
+        ("SY_LIMITS_BUDGET_KEY", BUDGET_KEY),
+        ("RUST_LOG", "debug"),
+    ];
+    let r = serve_binary_with(&file, &env, Some(&stderr)).await;
     Gw {
-        _child: child,
-        url,
-        admin,
+        _child: r.child,
+        url: r.url,
+        admin: r.admin.expect("admin listener"),
         access_log: dir.join("access.jsonl"),
         stderr,
     }

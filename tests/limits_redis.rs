@@ -127,35 +127,15 @@ workers = [{{ url = "{sim}" }}]
 /// A gateway process with the shared-store config; its URL and admin URL.
 async fn gateway(name: &str, toml: &str) -> (tokio::process::Child, String, String) {
     let file = config_file(name, toml);
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&file)
-        .env("SY_LR_ADMIN_TOKEN", ADMIN_TOKEN)
-        .env("SY_LR_RPM_KEY", RPM_KEY)
-        .env("SY_LR_TPM_KEY", TPM_KEY)
-        .env("SY_LR_BUDGET_KEY", BUDGET_KEY)
-        .env("SY_LR_KILL_KEY", KILL_KEY)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("binary starts");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let (url, admin) = tokio::time::timeout(Duration::from_secs(30), async {
-        let mut admin = String::new();
-        while let Some(l) = lines.next_line().await.unwrap() {
-            if let Some(u) = l.strip_prefix("switchyard admin url=") {
-                admin = u.to_string();
-            }
-            if let Some(u) = l.strip_prefix("switchyard ready url=") {
-                return (u.to_string(), admin);
-            }
-        }
-        panic!("binary exited before printing its url");
-    })
-    .await
-    .expect("ready line");
-    (child, url, admin)
+    let env = [
+        ("SY_LR_ADMIN_TOKEN", ADMIN_TOKEN),
+        ("SY_LR_RPM_KEY", RPM_KEY),
+        ("SY_LR_TPM_KEY", TPM_KEY),
+        ("SY_LR_BUDGET_KEY", BUDGET_KEY),
+        ("SY_LR_KILL_KEY", KILL_KEY),
+    ];
+    let r = serve_binary_with(&file, &env, None).await;
+    (r.child, r.url, r.admin.unwrap_or_default())
 }
 
 fn body(model: &str, content: &str, max_tokens: u32) -> Value {

@@ -173,36 +173,59 @@ pub async fn stream_text(url: &str, body: serde_json::Value) -> (u16, String) {
     (status, text)
 }
 
-/// A `switchyard serve --config FILE` process and its URL (killed on drop).
+/// A `switchyard serve --config FILE` process and its URLs (killed on drop).
 pub struct Replica {
     pub child: tokio::process::Child,
     pub url: String,
+    /// The admin listener's URL, when the config has one.
+    pub admin: Option<String>,
 }
 
 /// Start the real binary on an ephemeral port with `config`; returns once it
 /// prints its ready line.
 pub async fn serve_binary(config: &std::path::Path) -> Replica {
+    serve_binary_with(config, &[], None).await
+}
+
+/// [`serve_binary`] with environment variables set and stderr written to a
+/// file (else discarded).
+pub async fn serve_binary_with(
+    config: &std::path::Path,
+    env: &[(&str, &str)],
+    stderr: Option<&std::path::Path>,
+) -> Replica {
     use tokio::io::AsyncBufReadExt;
+    let stderr = match stderr {
+        Some(f) => std::process::Stdio::from(std::fs::File::create(f).unwrap()),
+        None => std::process::Stdio::null(),
+    };
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
         .arg(config)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("binary starts");
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = tokio::time::timeout(Duration::from_secs(30), async {
+    let (url, admin) = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut admin = None;
         while let Some(l) = lines.next_line().await.unwrap() {
+            if let Some(a) = l.strip_prefix("switchyard admin url=") {
+                admin = Some(a.to_string());
+            }
             if let Some(u) = l.strip_prefix("switchyard ready url=") {
-                return u.to_string();
+                return (u.to_string(), admin);
             }
         }
         panic!("binary exited before printing its url");
     })
     .await
     .expect("ready line");
-    Replica { child, url }
+    // Keep draining stdout so the process never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Replica { child, url, admin }
 }
 
 /// Write `toml` to a fresh file under the temp dir (named for the test).
