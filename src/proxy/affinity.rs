@@ -134,7 +134,7 @@ pub(crate) struct Ids {
 impl Edit for Ids {
     /// Rewrite `data` (after what was held); hold back a suffix that is a
     /// proper prefix of a pattern.
-    fn pass(&mut self, data: &[u8]) -> Bytes {
+    fn pass(&mut self, data: &Bytes) -> Bytes {
         let mut buf = std::mem::take(&mut self.held);
         buf.extend_from_slice(data);
         let mut hits: Vec<usize> = Vec::new();

@@ -10,7 +10,7 @@ use std::task::{ready, Context, Poll};
 /// One way of editing a body's bytes.
 pub(crate) trait Edit {
     /// The bytes to send for `data` (after what was held before).
-    fn pass(&mut self, data: &[u8]) -> Bytes;
+    fn pass(&mut self, data: &Bytes) -> Bytes;
     /// What is held when the body ends.
     fn rest(&mut self) -> Bytes;
 }

@@ -47,7 +47,12 @@ pub(crate) struct UsageOnly {
 impl Edit for UsageOnly {
     /// The complete events of what was held plus `data`, without usage-only
     /// ones; the unfinished rest stays held.
-    fn pass(&mut self, data: &[u8]) -> Bytes {
+    fn pass(&mut self, data: &Bytes) -> Bytes {
+        // The usual chunk: whole events, none with usage, nothing held: as is.
+        let whole = data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n");
+        if self.held.is_empty() && whole && USAGE.find(data).is_none() {
+            return data.clone();
+        }
         self.held.extend_from_slice(data);
         let Some(end) = last_event_end(&self.held) else {
             return Bytes::new();
@@ -133,8 +138,9 @@ data: [DONE]\n\n";
 
     fn strip_in_pieces(cut: usize) -> Vec<u8> {
         let mut s = UsageOnly::default();
-        let mut out = s.pass(&STREAM[..cut]).to_vec();
-        out.extend_from_slice(&s.pass(&STREAM[cut..]));
+        let stream = Bytes::from_static(STREAM);
+        let mut out = s.pass(&stream.slice(..cut)).to_vec();
+        out.extend_from_slice(&s.pass(&stream.slice(cut..)));
         out.extend_from_slice(&s.rest());
         out
     }
