@@ -3,6 +3,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod headers;
 pub mod inspect;
 pub mod models;
 pub mod slo;

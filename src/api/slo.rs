@@ -2,10 +2,10 @@
 //! `x-slo-tpot-ms` (time per output token), in milliseconds, each falling back
 //! to the tenant's default.
 
-use http::{HeaderMap, HeaderName};
+use super::headers::{Name, Own};
+use http::HeaderMap;
 
-pub const TTFT_HEADER: HeaderName = HeaderName::from_static("x-slo-ttft-ms");
-pub const TPOT_HEADER: HeaderName = HeaderName::from_static("x-slo-tpot-ms");
+pub use super::headers::{TPOT_HEADER, TTFT_HEADER};
 /// The largest objective accepted (one hour; the config's tenant defaults
 /// share the bound, `config::observability::MAX_SLO_MS`).
 pub const MAX_SLO_MS: u32 = 3_600_000;
@@ -26,15 +26,19 @@ impl Slo {
     /// The request's targets from its headers, each defaulting to `defaults`'.
     /// A header that is not a whole number of milliseconds in 1..=[`MAX_SLO_MS`]
     /// (or appears twice) is an error naming it.
-    pub fn from_headers(headers: &HeaderMap, defaults: Slo) -> Result<Slo, String> {
+    pub fn from_headers(headers: &HeaderMap, own: Own, defaults: Slo) -> Result<Slo, String> {
         Ok(Slo {
-            ttft_ms: one(headers, &TTFT_HEADER)?.or(defaults.ttft_ms),
-            tpot_ms: one(headers, &TPOT_HEADER)?.or(defaults.tpot_ms),
+            ttft_ms: one(headers, own, Name::SloTtft)?.or(defaults.ttft_ms),
+            tpot_ms: one(headers, own, Name::SloTpot)?.or(defaults.tpot_ms),
         })
     }
 }
 
-fn one(headers: &HeaderMap, name: &HeaderName) -> Result<Option<u32>, String> {
+fn one(headers: &HeaderMap, own: Own, name: Name) -> Result<Option<u32>, String> {
+    if !own.has(name) {
+        return Ok(None);
+    }
+    let name = name.header();
     let mut values = headers.get_all(name).iter();
     let Some(v) = values.next() else {
         return Ok(None);
@@ -59,6 +63,7 @@ fn one(headers: &HeaderMap, name: &HeaderName) -> Result<Option<u32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderName;
 
     fn headers(pairs: &[(&HeaderName, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -74,11 +79,11 @@ mod tests {
             ttft_ms: Some(500),
             tpot_ms: Some(50),
         };
-        let s = Slo::from_headers(&headers(&[(&TTFT_HEADER, " 200 ")]), d).unwrap();
+        let s = Slo::from_headers(&headers(&[(&TTFT_HEADER, " 200 ")]), Own::ANY, d).unwrap();
         assert_eq!(s.ttft_ms, Some(200));
         assert_eq!(s.tpot_ms, Some(50));
         assert_eq!(
-            Slo::from_headers(&HeaderMap::new(), Slo::default()).unwrap(),
+            Slo::from_headers(&HeaderMap::new(), Own::ANY, Slo::default()).unwrap(),
             Slo::default()
         );
         assert!(!Slo::default().is_set());
@@ -87,10 +92,11 @@ mod tests {
     #[test]
     fn bad_values_are_refused_with_the_headers_name() {
         for v in ["0", "-5", "1.5", "abc", "", "+7", "3600001", "99999999999"] {
-            let e = Slo::from_headers(&headers(&[(&TPOT_HEADER, v)]), Slo::default()).unwrap_err();
+            let e = Slo::from_headers(&headers(&[(&TPOT_HEADER, v)]), Own::ANY, Slo::default())
+                .unwrap_err();
             assert!(e.contains("x-slo-tpot-ms"), "{v}: {e}");
         }
         let twice = headers(&[(&TTFT_HEADER, "5"), (&TTFT_HEADER, "6")]);
-        assert!(Slo::from_headers(&twice, Slo::default()).is_err());
+        assert!(Slo::from_headers(&twice, Own::ANY, Slo::default()).is_err());
     }
 }

@@ -270,7 +270,7 @@ impl Exchange {
         let tenant = gw
             .tenancy
             .load()
-            .resolve(&self.headers, &gw.keys)
+            .resolve(&self.headers, crate::api::headers::Own::ANY, &gw.keys)
             .map_err(GatewayError::from)?;
         let residency = request_residency(
             &snap.config.global,

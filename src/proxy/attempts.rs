@@ -8,8 +8,8 @@
 use super::error::GatewayError;
 use super::forward::{
     charge, respond, retryable_status, send_attempt, Failure, ForwardContext, RouteNote, Sent,
-    POLICY_HEADER,
 };
+use crate::api::headers::Name;
 use crate::config::HealthConfig;
 use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority};
 use crate::pool::{InFlightGuard, Role};
@@ -127,10 +127,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
         let route = ctx.route;
         let pool_label = route.pool.metrics.name.clone();
         let policy = match ctx
-            .parts
-            .headers
-            .get(POLICY_HEADER)
-            .and_then(|v| v.to_str().ok())
+            .own
+            .get_str(&ctx.parts.headers, Name::Policy)
             .and_then(|name| route.override_policy(name))
         {
             Some(p) => {

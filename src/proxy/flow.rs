@@ -4,8 +4,9 @@
 //! TTL (while the scaling signal asks for a replica) and is then forwarded on the
 //! route of the snapshot that has one.
 
-use super::forward::{ForwardContext, PRIORITY_HEADER};
+use super::forward::ForwardContext;
 use super::GatewayError;
+use crate::api::headers::Name;
 use crate::config::flow::DEFAULT_EXPECTED_OUTPUT_TOKENS;
 use crate::config::FairnessKey;
 use crate::pool::flow::{Place, Priority, QueueError, Ticket};
@@ -16,10 +17,8 @@ use std::sync::Arc;
 /// `priority`, else `normal`.
 pub(super) fn priority(ctx: &ForwardContext<'_>) -> Priority {
     Priority::parse(
-        ctx.parts
-            .headers
-            .get(PRIORITY_HEADER)
-            .and_then(|v| v.to_str().ok())
+        ctx.own
+            .get_str(&ctx.parts.headers, Name::Priority)
             .or(ctx.tags.tenant.priority()),
     )
 }

@@ -24,10 +24,7 @@ use tokio::time::Instant;
 
 /// The request id header, propagated or made at the edge and set upstream.
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
-/// Header carrying the session id used by session-affine routing.
-pub const SESSION_HEADER: HeaderName = HeaderName::from_static("x-session-id");
-/// Header selecting the queueing priority class (`high`, `normal`, `low`).
-pub const PRIORITY_HEADER: HeaderName = HeaderName::from_static("x-switchyard-priority");
+pub use crate::api::headers::{POLICY_HEADER, PRIORITY_HEADER, SESSION_HEADER};
 /// Debug header naming the chosen worker, the policy and the reason (see [`RouteNote`]).
 pub const ROUTE_HEADER: HeaderName = HeaderName::from_static("x-switchyard-route");
 
@@ -70,9 +67,6 @@ impl RouteNote<'_> {
         }
     }
 }
-/// Request header naming a policy to use instead of the pool's (honoured only when
-/// the pool sets `allow_policy_override`).
-pub const POLICY_HEADER: HeaderName = HeaderName::from_static("x-switchyard-policy");
 
 impl ForwardContext<'_> {
     pub(crate) fn route_request(&self) -> RouteRequest<'_> {
@@ -143,6 +137,8 @@ pub struct ForwardContext<'a> {
     pub client: &'a UpstreamClient,
     pub route: &'a Arc<ModelRoute>,
     pub parts: &'a request::Parts,
+    /// Which of the gateway's own headers `parts` carries.
+    pub own: crate::api::headers::Own,
     pub body: Bytes,
     pub info: &'a RequestInfo,
     pub endpoint: Endpoint,

@@ -358,9 +358,15 @@ impl Tail {
             joined = [&self.before[..], last].concat();
             &joined[..]
         };
-        memmem::rfind(tail, b"\"usage\":").and_then(|pos| parse_usage(&tail[pos + 8..]))
+        USAGE_KEY
+            .rfind(tail)
+            .and_then(|pos| parse_usage(&tail[pos + USAGE_KEY.needle().len()..]))
     }
 }
+
+/// Built once: `memmem::rfind` would build its searcher on every call.
+static USAGE_KEY: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new(b"\"usage\":"));
 
 static RESPONSES_TYPE: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(b"\"type\":\"response."));

@@ -34,10 +34,7 @@ use rand::RngCore;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
-/// Request header restricting the regions a request may be served in: a residency
-/// zone (`[residency]`), a declared region, or a comma-separated list of regions.
-pub const RESIDENCY_HEADER: http::HeaderName =
-    http::HeaderName::from_static("x-switchyard-residency");
+pub use crate::api::headers::RESIDENCY_HEADER;
 
 /// The residency of one request: the tenant's (if any) narrowed by the
 /// `x-switchyard-residency` header (if any) — a header can narrow a tenant's

@@ -1,12 +1,13 @@
 //! Route handlers: the proxy entry point and the gateway's own endpoints.
 
 use super::{request_id, Gateway};
+use crate::api::headers::{Name, Own};
 use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::proxy::RequestTags;
-use crate::proxy::{self, affinity, ForwardContext, GatewayError, SESSION_HEADER};
+use crate::proxy::{self, affinity, ForwardContext, GatewayError};
 use crate::routes::{ModelRoute, Snapshot};
-use crate::routing::{request_residency, RESIDENCY_HEADER};
+use crate::routing::request_residency;
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
 use crate::telemetry::End;
@@ -66,11 +67,23 @@ where
     let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
     let request_id = request_id::get_or_make(&parts.headers);
+    let own = match Own::scan(&parts.headers) {
+        Ok(own) => own,
+        Err(name) => {
+            let anthropic = Endpoint::from_path(parts.uri.path()).is_anthropic();
+            return refuse_for(
+                &GatewayError::InvalidHeader(name),
+                &parts.headers,
+                anthropic,
+            );
+        }
+    };
     let snap = gw.routes.snapshot();
     let inbound = Inbound {
         gw: &gw,
         snap: &snap,
         parts: &parts,
+        own,
         request_id: &request_id,
         endpoint: if matches!(mode, Mode::Stored) {
             Endpoint::Responses
@@ -110,6 +123,8 @@ struct Inbound<'a> {
     gw: &'a Gateway,
     snap: &'a Snapshot,
     parts: &'a http::request::Parts,
+    /// Which of the gateway's own headers it carries.
+    own: Own,
     request_id: &'a HeaderValue,
     endpoint: Endpoint,
     start: Instant,
@@ -124,19 +139,18 @@ impl<'a> Inbound<'a> {
     /// it) and which trace it belongs to: the request's tags.
     fn admit(&self) -> Result<(Arc<RequestTags>, AskedResidency), GatewayError> {
         let headers = &self.parts.headers;
-        check_routing_headers(headers)?;
         let tenant = self
             .gw
             .tenancy
             .load()
-            .resolve(headers, &self.gw.keys)
+            .resolve(headers, self.own, &self.gw.keys)
             .map_err(|r| refused_by_tenancy(r.into()))?;
         let config = &self.snap.config;
         let residency = request_residency(
             &config.global,
             tenant.residency.as_ref(),
-            headers
-                .get(RESIDENCY_HEADER)
+            self.own
+                .get(headers, Name::Residency)
                 .map(|v| v.to_str().unwrap_or("\u{fffd}")),
         );
         let sample = config
@@ -357,7 +371,7 @@ impl<'a> Inbound<'a> {
         api::inspect::check_depth(&body, server.max_json_depth)
             .map_err(|e| not_inspectable(e, headers))?;
         let mut info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
-        info.slo = api::Slo::from_headers(headers, tags.tenant.slo)
+        info.slo = api::Slo::from_headers(headers, self.own, tags.tenant.slo)
             .map_err(GatewayError::InvalidRequest)?;
         if self.endpoint.is_anthropic() {
             api::anthropic::check(self.endpoint, &info).map_err(GatewayError::InvalidRequest)?;
@@ -386,10 +400,8 @@ impl<'a> Inbound<'a> {
             },
         )?;
         let session = self
-            .parts
-            .headers
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
+            .own
+            .get_str(&self.parts.headers, Name::Session)
             .or(info.user.as_deref());
         let resolved = self
             .snap
@@ -471,6 +483,7 @@ impl<'a> Inbound<'a> {
             client: &self.gw.client,
             route,
             parts: self.parts,
+            own: self.own,
             body,
             info,
             endpoint: self.endpoint,
@@ -599,28 +612,6 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
         return GatewayError::UnsupportedMediaType(api::error::echo(&media));
     }
     GatewayError::MalformedJson(m)
-}
-
-/// Request headers that steer routing or name the caller: a value that is not
-/// UTF-8 is refused rather than silently ignored.
-/// Static names: a `&str` name would be parsed on every lookup.
-static ROUTING_HEADERS: [http::HeaderName; 5] = [
-    proxy::SESSION_HEADER,
-    crate::tenancy::TENANT_HEADER,
-    crate::proxy::forward::PRIORITY_HEADER,
-    proxy::POLICY_HEADER,
-    RESIDENCY_HEADER,
-];
-
-fn check_routing_headers(headers: &http::HeaderMap) -> Result<(), GatewayError> {
-    for name in &ROUTING_HEADERS {
-        for v in headers.get_all(name) {
-            if std::str::from_utf8(v.as_bytes()).is_err() {
-                return Err(GatewayError::InvalidHeader(name.as_str()));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A request refused before any handler ran (its headers broke a limit): an

@@ -22,10 +22,8 @@ use keys::{Digest, IssuedKeys};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-/// Header naming the tenant, honoured only with `tenancy.trust_tenant_header`.
-pub const TENANT_HEADER: http::HeaderName = http::HeaderName::from_static("x-switchyard-tenant");
-/// Anthropic's API key header, read like `Authorization: Bearer`.
-pub const API_KEY_HEADER: http::HeaderName = http::HeaderName::from_static("x-api-key");
+use crate::api::headers::{Name, Own};
+pub use crate::api::headers::{API_KEY_HEADER, TENANT_HEADER};
 /// Longest tenant name accepted from the header.
 const MAX_HEADER_TENANT: usize = 64;
 
@@ -210,13 +208,18 @@ impl Tenancy {
     /// The tenant of a request, from its headers. The tenant header is the
     /// trust boundary's one exception: with `trust_tenant_header` a front proxy
     /// may name a tenant, but never a configured one (that needs its key).
-    pub fn resolve(&self, headers: &HeaderMap, issued: &IssuedKeys) -> Result<Tenant, Refused> {
+    pub fn resolve(
+        &self,
+        headers: &HeaderMap,
+        own: Own,
+        issued: &IssuedKeys,
+    ) -> Result<Tenant, Refused> {
         // Anthropic's clients send their key as `x-api-key`.
         let bearer = headers
             .get(http::header::AUTHORIZATION)
             .and_then(|v| bearer_token(v.as_bytes()));
-        let api_key = headers
-            .get(API_KEY_HEADER)
+        let api_key = own
+            .get(headers, Name::ApiKey)
             .map(|v| v.as_bytes().trim_ascii())
             .filter(|k| !k.is_empty());
         let presented = bearer.is_some() || api_key.is_some();
@@ -233,15 +236,12 @@ impl Tenancy {
             });
         }
         if self.trust_header {
-            let named = headers
-                .get(TENANT_HEADER)
-                .and_then(|v| v.to_str().ok())
-                .filter(|v| {
-                    !v.is_empty()
-                        && v.len() <= MAX_HEADER_TENANT
-                        && v.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                });
+            let named = own.get_str(headers, Name::Tenant).filter(|v| {
+                !v.is_empty()
+                    && v.len() <= MAX_HEADER_TENANT
+                    && v.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            });
             if let Some(n) = named {
                 if self.by_name.contains_key(n) {
                     return Err(Refused::TenantNeedsKey);
@@ -315,6 +315,7 @@ mod tests {
         let acme = t
             .resolve(
                 &headers(&[("authorization", "Bearer sk-acme-123")]),
+                Own::ANY,
                 &none(),
             )
             .unwrap();
@@ -322,7 +323,7 @@ mod tests {
         assert!(acme.authenticated);
         assert_eq!(acme.slo.ttft_ms, None);
         let globex = headers(&[("authorization", "Bearer sk-globex-456")]);
-        let globex = t.resolve(&globex, &none()).unwrap();
+        let globex = t.resolve(&globex, Own::ANY, &none()).unwrap();
         assert_eq!(
             globex.slo.ttft_ms,
             Some(250),
@@ -331,6 +332,7 @@ mod tests {
         assert_eq!(
             &*t.resolve(
                 &headers(&[("authorization", "Bearer sk-globex-456")]),
+                Own::ANY,
                 &none()
             )
             .unwrap()
@@ -338,13 +340,19 @@ mod tests {
             "globex"
         );
         assert_eq!(
-            &*t.resolve(&headers(&[("authorization", "Bearer sk-acme-12")]), &none())
-                .unwrap()
-                .name,
+            &*t.resolve(
+                &headers(&[("authorization", "Bearer sk-acme-12")]),
+                Own::ANY,
+                &none()
+            )
+            .unwrap()
+            .name,
             ANONYMOUS_TENANT
         );
         assert_eq!(
-            &*t.resolve(&HeaderMap::new(), &none()).unwrap().name,
+            &*t.resolve(&HeaderMap::new(), Own::ANY, &none())
+                .unwrap()
+                .name,
             ANONYMOUS_TENANT
         );
     }
@@ -353,37 +361,49 @@ mod tests {
     fn x_api_key_maps_to_tenants_like_bearer() {
         let t = tenancy(false);
         let h = headers(&[("x-api-key", "sk-acme-123")]);
-        assert_eq!(&*t.resolve(&h, &none()).unwrap().name, "acme");
+        assert_eq!(&*t.resolve(&h, Own::ANY, &none()).unwrap().name, "acme");
         // An unknown bearer token does not hide a known x-api-key.
         let both = headers(&[
             ("authorization", "Bearer nope"),
             ("x-api-key", "sk-globex-456"),
         ]);
-        assert_eq!(&*t.resolve(&both, &none()).unwrap().name, "globex");
+        assert_eq!(
+            &*t.resolve(&both, Own::ANY, &none()).unwrap().name,
+            "globex"
+        );
         let wrong = headers(&[("x-api-key", "sk-acme-12")]);
-        assert_eq!(&*t.resolve(&wrong, &none()).unwrap().name, ANONYMOUS_TENANT);
+        assert_eq!(
+            &*t.resolve(&wrong, Own::ANY, &none()).unwrap().name,
+            ANONYMOUS_TENANT
+        );
     }
 
     #[test]
     fn the_tenant_header_is_honoured_only_when_trusted() {
         let h = headers(&[(TENANT_HEADER.as_str(), "team-7")]);
         assert_eq!(
-            &*tenancy(false).resolve(&h, &none()).unwrap().name,
+            &*tenancy(false).resolve(&h, Own::ANY, &none()).unwrap().name,
             ANONYMOUS_TENANT
         );
-        assert_eq!(&*tenancy(true).resolve(&h, &none()).unwrap().name, "team-7");
+        assert_eq!(
+            &*tenancy(true).resolve(&h, Own::ANY, &none()).unwrap().name,
+            "team-7"
+        );
         // A key wins over the header; odd header values are ignored.
         let both = headers(&[
             (TENANT_HEADER.as_str(), "team-7"),
             ("authorization", "Bearer sk-acme-123"),
         ]);
         assert_eq!(
-            &*tenancy(true).resolve(&both, &none()).unwrap().name,
+            &*tenancy(true)
+                .resolve(&both, Own::ANY, &none())
+                .unwrap()
+                .name,
             "acme"
         );
         let odd = headers(&[(TENANT_HEADER.as_str(), "a b")]);
         assert_eq!(
-            &*tenancy(true).resolve(&odd, &none()).unwrap().name,
+            &*tenancy(true).resolve(&odd, Own::ANY, &none()).unwrap().name,
             ANONYMOUS_TENANT
         );
     }
@@ -398,19 +418,22 @@ mod tests {
         assert_eq!(bearer_token(b"Bear"), None);
         let t = tenancy(false);
         let lower = headers(&[("authorization", "bearer sk-acme-123")]);
-        assert_eq!(&*t.resolve(&lower, &none()).unwrap().name, "acme");
+        assert_eq!(&*t.resolve(&lower, Own::ANY, &none()).unwrap().name, "acme");
     }
 
     #[test]
     fn the_tenant_header_cannot_claim_a_keyed_tenant() {
         let claim = headers(&[(TENANT_HEADER.as_str(), "acme")]);
         assert_eq!(
-            tenancy(true).resolve(&claim, &none()),
+            tenancy(true).resolve(&claim, Own::ANY, &none()),
             Err(Refused::TenantNeedsKey)
         );
         // Untrusted, the header is ignored altogether.
         assert_eq!(
-            &*tenancy(false).resolve(&claim, &none()).unwrap().name,
+            &*tenancy(false)
+                .resolve(&claim, Own::ANY, &none())
+                .unwrap()
+                .name,
             ANONYMOUS_TENANT
         );
         // With acme's key the request is acme's, whatever the header says.
@@ -419,7 +442,10 @@ mod tests {
             ("authorization", "Bearer sk-acme-123"),
         ]);
         assert_eq!(
-            &*tenancy(true).resolve(&keyed, &none()).unwrap().name,
+            &*tenancy(true)
+                .resolve(&keyed, Own::ANY, &none())
+                .unwrap()
+                .name,
             "acme"
         );
     }
@@ -439,27 +465,33 @@ mod tests {
         let t = Tenancy::new(&cfg);
         let issued = none();
         assert_eq!(
-            t.resolve(&HeaderMap::new(), &issued),
+            t.resolve(&HeaderMap::new(), Own::ANY, &issued),
             Err(Refused::MissingKey)
         );
         let named = headers(&[(TENANT_HEADER.as_str(), "team-7")]);
-        assert_eq!(t.resolve(&named, &issued), Err(Refused::MissingKey));
+        assert_eq!(
+            t.resolve(&named, Own::ANY, &issued),
+            Err(Refused::MissingKey)
+        );
         let wrong = headers(&[("authorization", "Bearer sk-nope")]);
-        assert_eq!(t.resolve(&wrong, &issued), Err(Refused::UnknownKey));
+        assert_eq!(
+            t.resolve(&wrong, Own::ANY, &issued),
+            Err(Refused::UnknownKey)
+        );
         // An issued key works once created and stops when revoked.
         let (e, key) = issued.create("acme", 1).unwrap();
         let h = headers(&[("authorization", &format!("Bearer {key}"))]);
-        let acme = t.resolve(&h, &issued).unwrap();
+        let acme = t.resolve(&h, Own::ANY, &issued).unwrap();
         assert_eq!(
             (&*acme.name, acme.key_id.as_deref()),
             ("acme", Some(&*e.id))
         );
         issued.revoke(&e.id);
-        assert_eq!(t.resolve(&h, &issued), Err(Refused::UnknownKey));
+        assert_eq!(t.resolve(&h, Own::ANY, &issued), Err(Refused::UnknownKey));
         cfg.require_key = false;
         let open = Tenancy::new(&cfg);
         assert_eq!(
-            &*open.resolve(&wrong, &issued).unwrap().name,
+            &*open.resolve(&wrong, Own::ANY, &issued).unwrap().name,
             ANONYMOUS_TENANT
         );
     }
@@ -470,13 +502,18 @@ mod tests {
         let acme = t
             .resolve(
                 &headers(&[("authorization", "Bearer sk-acme-123")]),
+                Own::ANY,
                 &none(),
             )
             .unwrap();
         assert!(acme.allows("m") && acme.allows("llama-3-8b") && acme.allows("llama--8b"));
         assert!(!acme.allows("m2") && !acme.allows("llama-3-70b"));
         let globex = t
-            .resolve(&headers(&[("x-api-key", "sk-globex-456")]), &none())
+            .resolve(
+                &headers(&[("x-api-key", "sk-globex-456")]),
+                Own::ANY,
+                &none(),
+            )
             .unwrap();
         assert!(globex.allows("anything"));
         assert!(glob("*", "") && glob("a*b*c", "aXbYc") && !glob("a*b", "ab-"));
@@ -488,6 +525,7 @@ mod tests {
         let acme = t
             .resolve(
                 &headers(&[("authorization", "Bearer sk-acme-123")]),
+                Own::ANY,
                 &none(),
             )
             .unwrap();
