@@ -94,10 +94,15 @@ pub fn forwardable(src: &HeaderMap, extra: usize, drop: impl Fn(&HeaderName) -> 
 
 /// Remove the headers a `Connection` value lists. A `&str` name is looked up
 /// case-insensitively without allocating; one that is not a valid name matches nothing.
+/// The usual options, `keep-alive` and `close`, are skipped without a lookup:
+/// `close` names no header and `Keep-Alive` is hop-by-hop anyway.
 fn remove_listed(headers: &mut HeaderMap, connection: &HeaderValue) {
     let Ok(v) = connection.to_str() else { return };
-    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        headers.remove(name);
+    for name in v.split(',').map(str::trim) {
+        let usual = name.eq_ignore_ascii_case("keep-alive") || name.eq_ignore_ascii_case("close");
+        if !name.is_empty() && !usual {
+            headers.remove(name);
+        }
     }
 }
 

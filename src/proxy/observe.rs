@@ -358,15 +358,22 @@ impl Tail {
             joined = [&self.before[..], last].concat();
             &joined[..]
         };
-        USAGE_KEY
-            .rfind(tail)
-            .and_then(|pos| parse_usage(&tail[pos + USAGE_KEY.needle().len()..]))
+        let key = USAGE_KEY.needle().len();
+        // Usage closes the body: the last KiB is searched forward (the vector
+        // prefilter makes that far cheaper than a reverse search), the rest
+        // only if it is not there.
+        let near = tail.len().saturating_sub(1024);
+        let pos = USAGE_KEY.find_iter(&tail[near..]).last().map(|p| near + p);
+        pos.or_else(|| USAGE_KEY_REV.rfind(&tail[..(near + key - 1).min(tail.len())]))
+            .and_then(|pos| parse_usage(&tail[pos + key..]))
     }
 }
 
-/// Built once: `memmem::rfind` would build its searcher on every call.
-static USAGE_KEY: LazyLock<memmem::FinderRev<'static>> =
-    LazyLock::new(|| memmem::FinderRev::new(b"\"usage\":"));
+/// Built once: `memmem::find`/`rfind` build their searcher on every call.
+static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\":"));
+static USAGE_KEY_REV: LazyLock<memmem::FinderRev<'static>> =
+    LazyLock::new(|| memmem::FinderRev::new(USAGE_KEY.needle()));
 
 static RESPONSES_TYPE: LazyLock<memmem::Finder<'static>> =
     LazyLock::new(|| memmem::Finder::new(b"\"type\":\"response."));
@@ -496,7 +503,9 @@ pub struct ObservedBody<B> {
     /// ready: a response that arrives whole never needs one.
     timer: Option<Pin<Box<Sleep>>>,
     last_activity: Instant,
-    obs: Observer,
+    /// Boxed: the body is moved through a few wrappers on its way out, and the
+    /// observer is most of its size.
+    obs: Box<Observer>,
     phase: Phase,
 }
 
@@ -506,7 +515,7 @@ impl<B> ObservedBody<B> {
             inner,
             timer: None,
             last_activity: crate::runtime::clock::now(),
-            obs: Observer::new(p),
+            obs: Box::new(Observer::new(p)),
             phase: Phase::Streaming,
         }
     }
@@ -719,6 +728,16 @@ mod tests {
         t.push(&Bytes::from_static(br#""usage":{"prompt_tokens":1}"#));
         t.push(&Bytes::from(vec![b' '; TAIL_BYTES]));
         assert_eq!(t.usage(), None);
+        // Usage further back than the last KiB, or across its start.
+        for pad in (950..1100).step_by(3) {
+            let mut body = br#"{"id":"x","usage":{"prompt_tokens":3}"#.to_vec();
+            body.extend(std::iter::repeat_n(b' ', pad));
+            body.push(b'}');
+            let mut t = Tail::default();
+            t.push(&Bytes::from(body));
+            t.push(&Bytes::new());
+            assert_eq!(t.usage().map(|u| u.prompt_tokens), Some(3), "pad {pad}");
+        }
     }
 
     #[test]

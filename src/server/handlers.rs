@@ -194,7 +194,11 @@ impl<'a> Inbound<'a> {
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
         }
-        self.limit(route, &info, &body, tags).await?;
+        if tags.tenant.policy.is_some() {
+            // Boxed: a limits store's future (Redis) would otherwise make every
+            // request's future larger, and it is moved whole.
+            Box::pin(self.limit(route, &info, &body, tags)).await?;
+        }
         self.admission_span(tags, info.model.as_deref().unwrap_or_default());
         // Phase: forward, along the fallback chain.
         let pool_body = proxy::for_pool(
