@@ -72,10 +72,8 @@ impl ForwardContext<'_> {
     pub(crate) fn route_request(&self) -> RouteRequest<'_> {
         RouteRequest::new(
             self.info,
-            self.parts
-                .headers
-                .get(SESSION_HEADER)
-                .and_then(|v| v.to_str().ok()),
+            self.own
+                .get_str(&self.parts.headers, crate::api::headers::Name::Session),
         )
         .with_residency(self.residency)
         .with_body(self.endpoint, &self.body)
