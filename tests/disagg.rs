@@ -315,3 +315,88 @@ async fn translated_anthropic_messages_take_both_legs() {
     assert_eq!(decode.requests_received(), 1);
     gw.shutdown().await;
 }
+
+/// A simulated vLLM-style engine in `role`, with its own step and prefill costs.
+async fn timed(role: Role, step_base_ms: f64, per_prefill_token_ms: f64) -> SimHandle {
+    sim::spawn(SimConfig {
+        role,
+        engine: EngineKind::Vllm,
+        step_base_ms,
+        per_prefill_token_ms,
+        ..SimConfig::profile("tiny").unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// A streamed long chat (its prompt unique to `tag`, so no cache helps) with
+/// `slo_ms` as its TTFT objective: status, route header, body.
+async fn chat_with_slo(base: &str, tag: &str, slo_ms: Option<&str>) -> (u16, String, String) {
+    let mut body = long_chat(true, 2);
+    body["messages"][0]["content"] = format!("{tag} {}", "a long document ".repeat(60)).into();
+    let mut req = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body);
+    if let Some(ms) = slo_ms {
+        req = req.header("x-slo-ttft-ms", ms);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let route = r
+        .headers()
+        .get("x-switchyard-route")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, route, r.text().await.unwrap())
+}
+
+/// Latency objectives over (prefill, decode) pairs: once the workers' models
+/// have learnt (the prefill workers from their legs, the decode worker from its
+/// first tokens after the hand-off), a tight TTFT objective takes the pair with
+/// the fast prefill worker whatever the prefill policy would pick, and an
+/// unattainable one is shed.
+#[tokio::test]
+async fn latency_objectives_choose_the_prefill_decode_pair() {
+    let fast = timed(Role::Prefill, 2.0, 0.01).await;
+    let slow = timed(Role::Prefill, 150.0, 0.3).await;
+    let decode = timed(Role::Decode, 2.0, 0.01).await;
+    let (f, s, d) = (fast.url(), slow.url(), decode.url());
+    let toml = format!(
+        "[server]\ndebug_headers = true\n\n[[pools]]\nname = \"pd-slo\"\nmodels = [\"{}\"]\n\
+         policy = \"least_queue\"\nworkers = [{{ url = \"{f}\", labels = {{ role = \"prefill\" }} }}, \
+         {{ url = \"{s}\", labels = {{ role = \"prefill\" }} }}, {{ url = \"{d}\", labels = {{ role = \"decode\" }} }}]\n\
+         [pools.routing]\nslo_unattainable = \"shed\"\n\
+         [pools.disaggregation]\nmode = \"vllm\"\nmin_uncached_tokens = 200\n",
+        sim_model()
+    );
+    let gw = gateway(&toml).await;
+    let base = gw.url();
+    // Least queue over the prefill workers (ties broken by each prompt's hash)
+    // teaches both models, and the decode worker's, their minimum of samples.
+    for i in 0..40 {
+        let (st, route, body) = chat_with_slo(&base, &format!("warm {i}"), None).await;
+        assert_eq!(st, 200, "{body}");
+        assert!(route.contains("reason=pd_decode"), "{route}");
+    }
+    // The slow prefill worker takes over 150 ms; the fast pair a few ms. Least
+    // queue alone would send about half of these to the slow one.
+    for i in 0..4 {
+        let (st, route, body) = chat_with_slo(&base, &format!("tight {i}"), Some("120")).await;
+        assert_eq!(st, 200, "{body}");
+        assert!(route.ends_with(&format!("prefill={f}")), "request {i}: {route}");
+    }
+    let (st, _, body) = chat_with_slo(&base, "impossible", Some("1")).await;
+    assert_eq!(st, 503, "{body}");
+    assert!(body.contains("slo_unattainable"), "{body}");
+    let m = scrape(&base).await;
+    let decisions = |r| {
+        metric_sum(
+            &m,
+            "switchyard_slo_decisions_total",
+            &[("pool", "pd-slo"), ("result", r)],
+        )
+    };
+    assert_eq!(decisions("met"), 4.0, "{m}");
+    assert_eq!(decisions("shed"), 1.0, "{m}");
+    gw.shutdown().await;
+}

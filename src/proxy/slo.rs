@@ -19,7 +19,7 @@ pub const SLO_HEADER: HeaderName = HeaderName::from_static("x-switchyard-slo");
 
 /// What the models say about the request's objective.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum Verdict {
+pub(super) enum Verdict {
     /// Some worker is predicted to meet it.
     Met,
     /// Some eligible worker has no model yet.
@@ -36,11 +36,15 @@ pub(super) fn check(
     decision: &Decision,
     eligible: &dyn Fn(usize) -> bool,
 ) -> Result<(), GatewayError> {
-    let slo = &rreq.info.slo;
-    if !slo.is_set() {
+    if !rreq.info.slo.is_set() {
         return Ok(());
     }
-    let verdict = assess(ctx, policy, rreq, decision, eligible);
+    settle(ctx, assess(ctx, policy, rreq, decision, eligible))
+}
+
+/// Count the verdict; shed the request (`Err`) or mark it downgraded when it
+/// missed, as the pool says.
+pub(super) fn settle(ctx: &ForwardContext<'_>, verdict: Verdict) -> Result<(), GatewayError> {
     let shed = ctx.route.pool.config.routing.slo_unattainable == SloUnattainable::Shed;
     let result = match verdict {
         Verdict::Met => "met",

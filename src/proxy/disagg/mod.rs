@@ -13,6 +13,8 @@
 //! a fresh pair before anything reaches the client. TTFT includes both legs because
 //! it is measured from the request's arrival.
 
+mod pairs;
+
 use super::attempts::{backoff, forward_aggregated, Blame};
 use super::forward::{respond, retryable_status, send_attempt, Failure, ForwardContext, RouteNote};
 use super::GatewayError;
@@ -67,6 +69,13 @@ pub async fn forward(
             pick_decode(ctx, &tried_decode),
         ) else {
             break;
+        };
+        let (p, d) = if attempt == 0 {
+            let can_prefill = |i| can_prefill(ctx, i, &[]);
+            let can_decode = |i| can_decode(ctx, i, &[]);
+            pairs::choose(ctx, cfg.mode, (p, d), &can_prefill, &can_decode)?
+        } else {
+            (p, d)
         };
         let result = match cfg.mode {
             DisaggMode::Vllm => vllm(ctx, cfg, &body, p, d).await,
@@ -205,17 +214,24 @@ async fn send_leg(
 /// Prefill by the pool's policy (prefix affinity when configured) over prefill workers.
 fn pick_prefill(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
     let ws = &ctx.route.workers;
-    let accept = |i: usize| {
-        ws[i].role == Role::Prefill
-            && ws[i].is_available()
-            && !tried.contains(&i)
-            && ctx.allows(&ws[i])
-    };
     let req = ctx.route_request();
-    let d = ctx.route.policy.pick(&req, ws, &accept)?;
+    let d = ctx
+        .route
+        .policy
+        .pick(&req, ws, &|i| can_prefill(ctx, i, tried))?;
     // The prompt's blocks are now on this prefill worker (prefix index).
     ctx.route.policy.record(&d, &req, ws);
     Some(d.index)
+}
+
+fn can_prefill(ctx: &ForwardContext<'_>, i: usize, tried: &[usize]) -> bool {
+    let w = &ctx.route.workers[i];
+    w.role == Role::Prefill && w.is_available() && !tried.contains(&i) && ctx.allows(w)
+}
+
+fn can_decode(ctx: &ForwardContext<'_>, i: usize, tried: &[usize]) -> bool {
+    let w = &ctx.route.workers[i];
+    w.role != Role::Prefill && w.is_available() && !tried.contains(&i) && ctx.allows(w)
 }
 
 /// Decode by load: fewest requests in flight, ties broken by rendezvous hashing of
@@ -228,26 +244,15 @@ fn pick_decode(ctx: &ForwardContext<'_>, tried: &[usize]) -> Option<usize> {
         .routing_text
         .as_ref()
         .map_or(0, |t| xxhash_rust::xxh3::xxh3_64(t));
-    let min = ws
-        .iter()
-        .enumerate()
-        .filter(|(i, w)| {
-            w.role != Role::Prefill && w.is_available() && !tried.contains(i) && ctx.allows(w)
-        })
-        .map(|(_, w)| w.in_flight())
+    let min = (0..ws.len())
+        .filter(|&i| can_decode(ctx, i, tried))
+        .map(|i| ws[i].in_flight())
         .min()?;
     rendezvous::pick(
         key,
-        ws.iter()
-            .enumerate()
-            .filter(|(i, w)| {
-                w.role != Role::Prefill
-                    && w.is_available()
-                    && !tried.contains(i)
-                    && ctx.allows(w)
-                    && w.in_flight() == min
-            })
-            .map(|(i, w)| (i, w.id_hash)),
+        (0..ws.len())
+            .filter(|&i| can_decode(ctx, i, tried) && ws[i].in_flight() == min)
+            .map(|i| (i, ws[i].id_hash)),
     )
 }
 
@@ -286,6 +291,7 @@ async fn vllm(
         pre.insert("max_completion_tokens".into(), json!(1));
     }
     let t0 = crate::runtime::clock::now();
+    let dispatch = ws[p].dispatch(ctx.size(0));
     let (resp, guard) = send_leg(ctx, Leg::Prefill, p, to_bytes(&pre), ctx.size(0)).await?;
     if !resp.status().is_success() {
         // The client's mistake (e.g. 400): show it the prefill worker's answer.
@@ -302,6 +308,10 @@ async fn vllm(
     let limit = cfg.max_prefill_response_bytes;
     let read =
         tokio::time::timeout_at(deadline, Limited::new(resp.into_body(), limit).collect()).await;
+    if matches!(read, Ok(Ok(_))) {
+        // The one-token answer took the leg's time to first token.
+        guard.learn(&dispatch, t0.elapsed(), None);
+    }
     drop(guard);
     let failed = |detail: String| LegError {
         leg: Leg::Prefill,
@@ -380,6 +390,7 @@ async fn sglang(
     b.insert("bootstrap_room".into(), json!(rand::random::<u64>() >> 1));
     let bytes = to_bytes(&b);
     let t0 = crate::runtime::clock::now();
+    let dispatch = prefill.dispatch(ctx.size(0));
     let (pre, dec) = tokio::join!(
         send_leg(ctx, Leg::Prefill, p, bytes.clone(), ctx.size(0)),
         decode_leg(ctx, bytes, p, d)
@@ -387,9 +398,11 @@ async fn sglang(
     let (pre_resp, pre_guard) = pre?;
     leg_seconds(&ctx.route.pool.name, "prefill", t0);
     // The prefill worker's own answer is not for the client: drain it aside.
+    // Its end is the end of the prefill: what the worker's model learns.
     tokio::spawn(async move {
-        let _guard = pre_guard;
-        let _ = pre_resp.into_body().collect().await;
+        if pre_resp.into_body().collect().await.is_ok() {
+            pre_guard.learn(&dispatch, t0.elapsed(), None);
+        }
     });
     dec
 }
