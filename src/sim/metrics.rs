@@ -82,6 +82,10 @@ pub struct Stats {
     pub kv_event_batches: AtomicU64,
     /// Generated tokens per (simulated) second over the last step, f64 bits.
     pub gen_throughput_bits: AtomicU64,
+    /// When this engine started, Unix seconds: exported as
+    /// `process_start_time_seconds`, as the Python process collector of vLLM
+    /// and SGLang does, so a restart shows in a scrape.
+    pub started_unix: f64,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
@@ -107,6 +111,9 @@ impl Stats {
             requests_received: z(),
             kv_event_batches: z(),
             gen_throughput_bits: AtomicU64::new(0f64.to_bits()),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
@@ -192,6 +199,13 @@ pub fn render(kind: EngineKind, model: &str, s: &Stats) -> String {
         labels: format!("engine=\"0\",model_name=\"{}\"", esc(model)),
     };
     let g = |a: &AtomicU64| a.load(Relaxed) as f64;
+    // Unlabelled, like prometheus_client's process collector.
+    o.head(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+    );
+    let _ = writeln!(o.s, "process_start_time_seconds {}", s.started_unix);
     match kind {
         EngineKind::Vllm => {
             o.scalar(
