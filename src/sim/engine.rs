@@ -559,7 +559,17 @@ impl Engine {
                 self.stats
                     .prefix_queries
                     .fetch_add(s.prompt_len as u64, Relaxed);
-                self.stats.prefix_hits.fetch_add(hit_tokens as u64, Relaxed);
+                // Local (GPU) hits; what the CPU tier adds counts as external,
+                // as vLLM counts a KV connector's.
+                let cpu_tokens = (on_cpu.len() * bs) as u64;
+                let gpu_tokens = hit_tokens as u64 - cpu_tokens;
+                self.stats.prefix_hits.fetch_add(gpu_tokens, Relaxed);
+                if self.stats.offload {
+                    self.stats
+                        .external_queries
+                        .fetch_add(s.prompt_len as u64 - gpu_tokens, Relaxed);
+                    self.stats.external_hits.fetch_add(cpu_tokens, Relaxed);
+                }
                 self.stats
                     .prompt_tokens
                     .fetch_add(s.prompt_len as u64, Relaxed);

@@ -71,6 +71,11 @@ pub struct Stats {
     pub block_size: u64,
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
+    /// The engine has a CPU offload tier: its queries and hits are exported
+    /// as vLLM exports a KV connector's (`vllm:external_prefix_cache_*`).
+    pub offload: bool,
+    pub external_queries: AtomicU64,
+    pub external_hits: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
     pub finished_stop: AtomicU64,
@@ -102,6 +107,9 @@ impl Stats {
             block_size: block_size as u64,
             prefix_queries: z(),
             prefix_hits: z(),
+            offload: false,
+            external_queries: z(),
+            external_hits: z(),
             prompt_tokens: z(),
             generation_tokens: z(),
             finished_stop: z(),
@@ -238,6 +246,20 @@ pub fn render(kind: EngineKind, model: &str, s: &Stats) -> String {
                 "Prefix cache hits, in terms of number of cached tokens.",
                 g(&s.prefix_hits),
             );
+            if s.offload {
+                o.scalar(
+                    "vllm:external_prefix_cache_queries_total",
+                    "counter",
+                    "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+                    g(&s.external_queries),
+                );
+                o.scalar(
+                    "vllm:external_prefix_cache_hits_total",
+                    "counter",
+                    "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+                    g(&s.external_hits),
+                );
+            }
             o.scalar(
                 "vllm:num_preemptions_total",
                 "counter",

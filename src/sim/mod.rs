@@ -289,7 +289,10 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
     let listener = TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
     let addr = listener.local_addr()?;
     let params = engine::Params::from_config(&cfg);
-    let stats = Arc::new(metrics::Stats::new(cfg.num_blocks, cfg.block_size));
+    let stats = Arc::new(metrics::Stats {
+        offload: cfg.cpu_offload_blocks > 0,
+        ..metrics::Stats::new(cfg.num_blocks, cfg.block_size)
+    });
     let (submit, rx) = mpsc::channel(1024);
     let mut eng = engine::Engine::new(params.clone(), rx, stats.clone());
     let mut kv = None;
