@@ -304,6 +304,22 @@ fn commit(kv: &mut KvCache, s: &Seq, b: usize, bs: usize) {
     }
 }
 
+/// A waiting sequence's cached prefix: the GPU blocks holding its start, and
+/// the block indexes after them that the CPU tier holds (loaded back, not
+/// computed; none for a remote prefill, whose KV arrives whole). Never the block
+/// holding the last prompt token: at least one token is computed.
+fn cached_prefix(kv: &KvCache, s: &Seq, bs: usize) -> (Vec<u32>, std::ops::Range<usize>) {
+    let max_hit = (s.tokens.len() - 1) / bs;
+    let hit = kv.lookup(&s.hashes, max_hit);
+    let g = hit.len();
+    if s.remote.is_some() {
+        return (hit, g..g);
+    }
+    let end = max_hit.min(s.hashes.len());
+    let cpu = kv.cpu_run(&s.hashes[g.min(end)..end]);
+    (hit, g..g + cpu)
+}
+
 /// The scheduler state of one engine.
 pub struct Engine {
     p: Params,
@@ -505,16 +521,8 @@ impl Engine {
                 }
                 continue;
             }
-            let max_hit = (s.tokens.len() - 1) / bs;
-            let hit = self.kv.lookup(&s.hashes, max_hit);
             let transfer = s.remote.is_some();
-            // The prefix may go on in the CPU tier: loaded back, not computed.
-            let on_cpu = if transfer {
-                0..0
-            } else {
-                let end = max_hit.min(s.hashes.len());
-                hit.len()..hit.len() + self.kv.cpu_run(&s.hashes[hit.len().min(end)..end])
-            };
+            let (hit, on_cpu) = cached_prefix(&self.kv, s, bs);
             let hit_tokens = (hit.len() + on_cpu.len()) * bs;
             let remote_tokens = if transfer { s.prompt_len - 1 } else { 0 };
             let computed = hit_tokens.max(remote_tokens);
