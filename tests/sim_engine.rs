@@ -671,8 +671,10 @@ fn check_exposition(text: &str) -> Vec<String> {
             assert!(name_ok(k) && !k.contains(':'), "{line}");
             let _ = v;
         }
+        // The process collector's metrics are unlabelled, as in vLLM.
         assert!(
-            labels.contains("model_name=\"") && labels.contains("engine=\""),
+            name.starts_with("process_")
+                || (labels.contains("model_name=\"") && labels.contains("engine=\"")),
             "{line}"
         );
         let family = ["_bucket", "_sum", "_count"]
@@ -719,6 +721,7 @@ async fn metrics_are_valid_prometheus_text_with_vllm_names() {
         "vllm:inter_token_latency_seconds",
         "vllm:e2e_request_latency_seconds",
         "sim_requests_received_total",
+        "process_start_time_seconds",
     ] {
         assert!(families.iter().any(|f| f == n), "missing {n}");
     }
@@ -783,6 +786,7 @@ async fn sglang_engine_uses_sglang_names_and_get_load() {
         "sglang:generation_tokens_total",
         "sglang:time_to_first_token_seconds",
         "sim_requests_received_total",
+        "process_start_time_seconds",
     ] {
         assert!(families.iter().any(|f| f == n), "missing {n}");
     }

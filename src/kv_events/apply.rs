@@ -92,6 +92,10 @@ impl WorkerBlocks {
                 salted,
                 tier,
             } => {
+                if token_ids.is_empty() && *tier != Tier::Gpu {
+                    self.copy(ix, block_hashes, *tier, &mut out);
+                    return Ok(out);
+                }
                 if *block_size != self.block_size {
                     return Err(Refusal::BlockSize {
                         engine: *block_size,
@@ -166,6 +170,26 @@ impl WorkerBlocks {
                 e.tiers |= bit;
                 self.per_tier[tier as usize] += 1;
                 ix.insert(self.slot, key, tier);
+            }
+        }
+    }
+
+    /// A store without tokens in another tier, as vLLM's offloading connector
+    /// publishes it: copies of blocks the worker already holds (by the engine's
+    /// hash), so their keys are known. Blocks never seen are skipped (counted
+    /// `unchained`). Its `block_size` (0, or the offload block size, which may
+    /// span several engine blocks) is not checked: only known hashes count.
+    fn copy(&mut self, ix: &KvIndex, hashes: &[u64], tier: Tier, out: &mut Applied) {
+        let bit = 1u8 << tier as u8;
+        for h in hashes {
+            match self.held.get_mut(h) {
+                Some(e) if e.tiers & bit == 0 => {
+                    e.tiers |= bit;
+                    self.per_tier[tier as usize] += 1;
+                    ix.insert(self.slot, e.key, tier);
+                }
+                Some(_) => {}
+                None => out.unchained += 1,
             }
         }
     }
@@ -258,6 +282,47 @@ mod tests {
         assert!(r.cleared);
         assert_eq!(depth(&ix, slot, 0..14), [0, 0, 0]);
         assert_eq!((ix.pairs(), ix.keys()), (0, 0));
+    }
+
+    #[test]
+    fn a_tokenless_cpu_store_copies_known_blocks_to_the_cpu_tier() {
+        let ix = KvIndex::new(4);
+        let slot = ix.claim(&Arc::from("w")).unwrap();
+        let mut w = WorkerBlocks::new(slot, 4, 100);
+        w.apply(&ix, &stored(&[11, 12], None, 0..8, Tier::Gpu))
+            .unwrap();
+        // vLLM's offloading connector: engine hashes, no parent, no tokens,
+        // block size 0; then the GPU evicts the block.
+        let offloaded = Event::Stored {
+            block_hashes: vec![12, 99],
+            parent: None,
+            token_ids: Vec::new(),
+            block_size: 0,
+            salted: false,
+            tier: Tier::Cpu,
+        };
+        let a = w.apply(&ix, &offloaded).unwrap();
+        assert_eq!(a.unchained, 1, "99 was never stored on the GPU");
+        w.apply(
+            &ix,
+            &Event::Removed {
+                block_hashes: vec![12],
+                tier: Tier::Gpu,
+            },
+        )
+        .unwrap();
+        assert_eq!(depth(&ix, slot, 0..9), [1, 2, 2]);
+        assert_eq!(w.per_tier(), [1, 1, 0]);
+        w.apply(
+            &ix,
+            &Event::Removed {
+                block_hashes: vec![12],
+                tier: Tier::Cpu,
+            },
+        )
+        .unwrap();
+        assert_eq!(depth(&ix, slot, 0..9), [1, 1, 1]);
+        assert_eq!(w.per_tier(), [1, 0, 0]);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! configured a [`subscriber`] task follows the stream (gaps fetched from the
 //! replay endpoint, resync on start, restart and cache reset) and applies it
 //! (`apply.rs`) to its pool's [`KvIndex`] (`index.rs`): block key → the workers
-//! holding the block, by tier. Routing looks a request's prompt tokens up there
+//! holding the block, by tier. The worker's stats poller reports the engine's
+//! process start time ([`EngineStart`], `restart.rs`) so a restart resyncs too. Routing looks a request's prompt tokens up there
 //! (`routing/scorers/precise_prefix.rs`).
 //!
 //! Layering: fed by the pool (the registry starts a [`PoolKv`] per pool and syncs
@@ -14,12 +15,14 @@
 
 mod apply;
 pub mod index;
+mod restart;
 mod sequence;
 pub mod subscriber;
 pub mod wire;
 
 pub use apply::{Refusal, WorkerBlocks};
 pub use index::{prompt_keys, weighted_blocks, Depths, KvIndex, SlotState, MAX_WORKERS};
+pub use restart::EngineStart;
 pub use sequence::{Sequencer, Step};
 
 use crate::config::{KvEndpoints, KvEventsConfig, PoolConfig};
@@ -37,7 +40,22 @@ pub struct PoolKv {
     pub tokenizer: Option<Arc<dyn PromptTokenizer>>,
     pub tier_weights: [f64; 3],
     cfg: KvEventsConfig,
-    tasks: Mutex<HashMap<Arc<str>, (KvEndpoints, tokio::task::AbortHandle)>>,
+    tasks: Mutex<HashMap<Arc<str>, Task>>,
+}
+
+/// A worker's subscriber: what it was started with, and how to stop it.
+struct Task {
+    endpoints: KvEndpoints,
+    start: Arc<EngineStart>,
+    abort: tokio::task::AbortHandle,
+}
+
+/// A worker to subscribe to: its id, event endpoints, and the start time its
+/// stats poller reports.
+pub struct KvWorker {
+    pub id: Arc<str>,
+    pub endpoints: KvEndpoints,
+    pub start: Arc<EngineStart>,
 }
 
 impl PoolKv {
@@ -72,32 +90,40 @@ impl PoolKv {
     /// Start a subscriber for each of `workers` with endpoints that has none (or
     /// whose endpoints changed) and stop those of workers no longer listed. Slots
     /// are claimed here, so a route built right after sees them.
-    pub fn sync(&self, pool: &str, workers: &[(Arc<str>, KvEndpoints)]) {
+    pub fn sync(&self, pool: &str, workers: &[KvWorker]) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             tracing::error!(pool, "kv events: no runtime to subscribe on");
             return;
         };
         let mut tasks = self.tasks.lock();
-        tasks.retain(|id, (ep, h)| {
-            let keep = workers.iter().any(|(w, e)| w == id && e == ep);
+        tasks.retain(|id, t| {
+            let keep = workers.iter().any(|w| {
+                w.id == *id && w.endpoints == t.endpoints && Arc::ptr_eq(&w.start, &t.start)
+            });
             if !keep {
-                h.abort();
+                t.abort.abort();
             }
             keep
         });
-        for (w, ep) in workers {
-            if tasks.contains_key(w) || self.index.claim(w).is_none() {
+        for w in workers {
+            if tasks.contains_key(&w.id) || self.index.claim(&w.id).is_none() {
                 continue;
             }
             let sub = subscriber::Subscriber {
                 pool: Arc::from(pool),
-                worker: w.clone(),
-                endpoints: ep.clone(),
+                worker: w.id.clone(),
+                endpoints: w.endpoints.clone(),
                 cfg: self.cfg.clone(),
                 index: self.index.clone(),
+                start: w.start.clone(),
             };
             let h = rt.spawn(sub.run());
-            tasks.insert(w.clone(), (ep.clone(), h.abort_handle()));
+            let task = Task {
+                endpoints: w.endpoints.clone(),
+                start: w.start.clone(),
+                abort: h.abort_handle(),
+            };
+            tasks.insert(w.id.clone(), task);
         }
     }
 }
@@ -105,8 +131,8 @@ impl PoolKv {
 impl Drop for PoolKv {
     fn drop(&mut self) {
         let tasks = self.tasks.get_mut();
-        for (_, (_, h)) in tasks.drain() {
-            h.abort();
+        for (_, t) in tasks.drain() {
+            t.abort.abort();
         }
     }
 }

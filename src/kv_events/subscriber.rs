@@ -7,10 +7,13 @@
 //! goes back means a new engine (resync). While the stream is quiet the replay
 //! endpoint is probed for anything after the last batch, which catches lost
 //! trailing batches and a dead or restarted engine (no answer: reconnect and
-//! resync). Any error ends the session; the next starts after a short pause.
+//! resync). On every batch and probe the engine's process start time, as its
+//! `/metrics` last reported it, is compared too (`restart.rs`). Any error ends
+//! the session; the next starts after a short pause.
 
 use super::apply::{Applied, WorkerBlocks};
 use super::index::{KvIndex, SlotState};
+use super::restart::{EngineStart, Seen, StartWatch};
 use super::sequence::{Sequencer, Step};
 use super::wire::{self, Tier};
 use crate::config::{KvEndpoints, KvEventsConfig};
@@ -35,6 +38,8 @@ pub struct Subscriber {
     pub endpoints: KvEndpoints,
     pub cfg: KvEventsConfig,
     pub index: Arc<KvIndex>,
+    /// The engine's process start time, written by the worker's stats poller.
+    pub start: Arc<EngineStart>,
 }
 
 /// The state a session works on (survives across sessions).
@@ -43,6 +48,7 @@ struct State {
     slot: u8,
     blocks: WorkerBlocks,
     seq: Sequencer,
+    start: StartWatch,
     /// Set once the worker is refused: later events are counted, not applied.
     refused: bool,
 }
@@ -60,6 +66,7 @@ impl Subscriber {
             .set(self.cfg.max_blocks_per_worker as f64);
         let blocks = WorkerBlocks::new(slot, self.cfg.block_size, self.cfg.max_blocks_per_worker);
         let st = State {
+            start: StartWatch::new(self.start.clone()),
             sub: self,
             slot,
             blocks,
@@ -165,9 +172,13 @@ impl State {
             tokio::select! {
                 m = sub.recv() => {
                     let m = m.map_err(|e| format!("receive: {e}"))?;
+                    self.check_restart(dealer.as_mut()).await?;
                     self.on_live(m, dealer.as_mut()).await?;
                 }
                 _ = tokio::time::sleep(self.sub.cfg.probe_interval) => {
+                    if self.check_restart(dealer.as_mut()).await? {
+                        continue;
+                    }
                     // Without a replay endpoint a quiet engine cannot be told
                     // from a dead one (documented in docs/routing.md).
                     if let Some(d) = dealer.as_mut() {
@@ -179,10 +190,34 @@ impl State {
         }
     }
 
+    /// The engine's `/metrics` reports another process start time: a new
+    /// engine, maybe one that has published nothing yet. Forget the worker and
+    /// replay the new engine's history from scratch. Whether it restarted.
+    async fn check_restart(&mut self, dealer: Option<&mut DealerSocket>) -> Result<bool, String> {
+        let ms = match self.start.check() {
+            Seen::Same => return Ok(false),
+            Seen::Adopted(ms) => {
+                self.publish_start(ms);
+                return Ok(false);
+            }
+            Seen::Restarted(ms) => ms,
+        };
+        tracing::warn!(pool = %self.sub.pool, worker = %self.sub.worker, start_unix_ms = ms,
+            "kv events: the engine restarted (its process start time changed); dropping its entries and resyncing");
+        self.publish_start(ms);
+        self.resync("restart");
+        if let Some(d) = dealer {
+            self.replay(d, 0).await?;
+            self.seq.expect(0);
+        }
+        Ok(true)
+    }
+
     /// Forget the worker's entries before rebuilding them.
     fn resync(&mut self, reason: &'static str) {
         self.blocks.clear(&self.sub.index);
         self.seq = Sequencer::default();
+        self.start.rebase();
         let l = self.labels();
         counter!(
             names::KV_RESYNCS_TOTAL,
@@ -352,6 +387,10 @@ impl State {
         self.blocks.clear(&self.sub.index);
         self.set_state(SlotState::Refused);
         self.publish_blocks();
+    }
+
+    fn publish_start(&self, unix_ms: u64) {
+        gauge!(names::KV_ENGINE_START_SECONDS, &self.labels()).set(unix_ms as f64 / 1000.0);
     }
 
     fn publish_blocks(&self) {

@@ -7,7 +7,7 @@
 use super::flow::{saturation, FlowQueue, QueueLimits};
 use super::worker::{Worker, WorkerState};
 use crate::config::{Config, PoolConfig, WorkerConfig};
-use crate::kv_events::PoolKv;
+use crate::kv_events::{KvWorker, PoolKv};
 use crate::upstream::retry_budget::RetryBudget;
 use arc_swap::ArcSwap;
 use dashmap::DashMap;
@@ -121,7 +121,11 @@ impl Registry {
             .iter()
             .filter_map(|w| {
                 let wc = pc.workers.iter().find(|wc| *wc.url == *w.id)?;
-                Some((w.id.clone(), wc.kv_events.clone()?))
+                Some(KvWorker {
+                    id: w.id.clone(),
+                    endpoints: wc.kv_events.clone()?,
+                    start: w.state.stats.engine_start.clone(),
+                })
             })
             .collect();
         kv.sync(&pc.name, &with_events);

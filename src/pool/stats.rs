@@ -17,6 +17,7 @@
 //! routing pipeline scores it like the busiest fresh worker).
 
 use super::{Registry, Worker};
+use crate::kv_events::EngineStart;
 use crate::telemetry;
 use crate::upstream::UpstreamClient;
 use http_body_util::{BodyExt, Limited};
@@ -48,6 +49,8 @@ pub struct Scraped {
     pub prefix_queries: Option<f64>,
     /// Cumulative prompt tokens the engine received (`vllm:prompt_tokens_total`).
     pub prompt_tokens: Option<f64>,
+    /// The engine process's start, Unix seconds (`process_start_time_seconds`).
+    pub process_start: Option<f64>,
 }
 
 impl Scraped {
@@ -114,6 +117,7 @@ pub fn parse_metrics(text: &str) -> Scraped {
             "vllm:prompt_tokens_total" | "sglang:prompt_tokens_total" => {
                 add(&mut s.prompt_tokens, value)
             }
+            "process_start_time_seconds" => max(&mut s.process_start, value),
             "vllm:cache_config_info" => {
                 if let Some(b) = label(labels, "num_gpu_blocks").and_then(|v| v.parse().ok()) {
                     s.num_gpu_blocks = Some(b);
@@ -232,6 +236,9 @@ pub struct WorkerStats {
     bytes_per_token_milli: AtomicU64,
     /// The worker's GPUs by its DCGM exporter (label `dcgm_url`), when it has one.
     pub gpu: super::dcgm::GpuStats,
+    /// The engine's process start time, read by its KV-event subscriber to
+    /// notice a restart.
+    pub engine_start: Arc<EngineStart>,
 }
 
 /// This gateway's counters at the moment a scrape is sent: requests started after
@@ -317,6 +324,9 @@ impl WorkerStats {
         }
         if let Some(t) = s.prompt_tokens {
             self.calibrate(t.max(0.0) as u64, mark.sent_bytes);
+        }
+        if let Some(t) = s.process_start {
+            self.engine_start.observe(t);
         }
         self.base_started.store(mark.started, Ordering::Relaxed);
         self.base_finished.store(mark.finished, Ordering::Relaxed);
@@ -683,6 +693,9 @@ vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching=
 vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
 vllm:prefix_cache_hits_total{engine="0",model_name="m"} 850.0
 vllm:num_requests_waiting_by_reason{reason="capacity"} 99
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.76471123456e+09
 "#;
 
     /// Found by the `engine_metrics` fuzz target: huge counts from a worker
@@ -706,6 +719,14 @@ vllm:num_requests_waiting_by_reason{reason="capacity"} 99
         assert_eq!(s.block_size, Some(16));
         assert_eq!(s.prefix_hits, Some(850.0));
         assert_eq!(s.prefix_queries, Some(1000.0));
+        assert_eq!(s.process_start, Some(1_764_711_234.56));
+    }
+
+    #[test]
+    fn a_scrape_reports_the_engine_start_time_to_its_subscriber() {
+        let w = WorkerStats::default();
+        w.store(&parse_metrics(VLLM), 1_000);
+        assert_eq!(w.engine_start.get_ms(), Some(1_764_711_234_560));
     }
 
     #[test]

@@ -89,6 +89,14 @@ pub struct SimArgs {
     /// KV transfer cost per token, in simulated ms [default: the profile's].
     #[arg(long)]
     pub kv_transfer_per_token_ms: Option<f64>,
+    /// Blocks of a CPU offload tier: a block evicted from the GPU moves there (LRU) and is
+    /// published as stored with medium CPU; 0 turns it off.
+    #[arg(long)]
+    pub cpu_offload_blocks: Option<usize>,
+    /// Cost of loading a prefix back from the CPU tier, per token, in simulated ms [default: the
+    /// profile's].
+    #[arg(long)]
+    pub cpu_load_per_token_ms: Option<f64>,
     /// Mean natural output length in tokens before EOS, when a request does not set ignore_eos
     /// [default: the profile's].
     #[arg(long)]
@@ -182,6 +190,8 @@ impl SimArgs {
             per_prefill_token_ms,
             kv_transfer_base_ms,
             kv_transfer_per_token_ms,
+            cpu_offload_blocks,
+            cpu_load_per_token_ms,
             mean_output_tokens,
             embedding_dim
         );

@@ -168,6 +168,8 @@ pub struct Params {
     pub per_prefill_token_ms: f64,
     pub kv_transfer_base_ms: f64,
     pub kv_transfer_per_token_ms: f64,
+    pub cpu_offload_blocks: usize,
+    pub cpu_load_per_token_ms: f64,
     pub mean_output_tokens: f64,
 }
 
@@ -189,6 +191,8 @@ impl Params {
             per_prefill_token_ms: c.per_prefill_token_ms,
             kv_transfer_base_ms: c.kv_transfer_base_ms,
             kv_transfer_per_token_ms: c.kv_transfer_per_token_ms,
+            cpu_offload_blocks: c.cpu_offload_blocks,
+            cpu_load_per_token_ms: c.cpu_load_per_token_ms,
             mean_output_tokens: c.mean_output_tokens as f64,
         }
     }
@@ -300,6 +304,22 @@ fn commit(kv: &mut KvCache, s: &Seq, b: usize, bs: usize) {
     }
 }
 
+/// A waiting sequence's cached prefix: the GPU blocks holding its start, and
+/// the block indexes after them that the CPU tier holds (loaded back, not
+/// computed; none for a remote prefill, whose KV arrives whole). Never the block
+/// holding the last prompt token: at least one token is computed.
+fn cached_prefix(kv: &KvCache, s: &Seq, bs: usize) -> (Vec<u32>, std::ops::Range<usize>) {
+    let max_hit = (s.tokens.len() - 1) / bs;
+    let hit = kv.lookup(&s.hashes, max_hit);
+    let g = hit.len();
+    if s.remote.is_some() {
+        return (hit, g..g);
+    }
+    let end = max_hit.min(s.hashes.len());
+    let cpu = kv.cpu_run(&s.hashes[g.min(end)..end]);
+    (hit, g..g + cpu)
+}
+
 /// The scheduler state of one engine.
 pub struct Engine {
     p: Params,
@@ -315,7 +335,8 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(p: Params, rx: mpsc::Receiver<Submit>, stats: Arc<Stats>) -> Self {
-        let kv = KvCache::new(p.num_blocks, p.block_size, p.prefix_caching);
+        let kv = KvCache::new(p.num_blocks, p.block_size, p.prefix_caching)
+            .with_cpu_offload(p.cpu_offload_blocks);
         Engine {
             p,
             kv,
@@ -500,17 +521,13 @@ impl Engine {
                 }
                 continue;
             }
-            let max_hit = (s.tokens.len() - 1) / bs;
-            let hit = self.kv.lookup(&s.hashes, max_hit);
-            let hit_tokens = hit.len() * bs;
-            let remote_tokens = if s.remote.is_some() {
-                s.prompt_len - 1
-            } else {
-                0
-            };
-            let computed = hit_tokens.max(remote_tokens);
             let transfer = s.remote.is_some();
-            let n = if transfer {
+            let (hit, on_cpu) = cached_prefix(&self.kv, s, bs);
+            let hit_tokens = (hit.len() + on_cpu.len()) * bs;
+            let remote_tokens = if transfer { s.prompt_len - 1 } else { 0 };
+            let computed = hit_tokens.max(remote_tokens);
+            let load = !on_cpu.is_empty();
+            let n = if transfer || load {
                 0
             } else {
                 (s.tokens.len() - computed).min(budget)
@@ -535,17 +552,32 @@ impl Engine {
                 break;
             };
             self.kv.touch(&hit);
+            self.kv.cpu_touch(&s.hashes[on_cpu.clone()]);
             let mut blocks = hit;
             blocks.extend(self.kv.allocate(need).unwrap_or_default());
             s.blocks = blocks;
             s.computed = computed;
+            // The loaded blocks are on the GPU again.
+            for b in on_cpu.clone() {
+                commit(&mut self.kv, &s, b, bs);
+            }
             if !s.admitted_once {
                 s.admitted_once = true;
                 s.cached_tokens = hit_tokens;
                 self.stats
                     .prefix_queries
                     .fetch_add(s.prompt_len as u64, Relaxed);
-                self.stats.prefix_hits.fetch_add(hit_tokens as u64, Relaxed);
+                // Local (GPU) hits; what the CPU tier adds counts as external,
+                // as vLLM counts a KV connector's.
+                let cpu_tokens = (on_cpu.len() * bs) as u64;
+                let gpu_tokens = hit_tokens as u64 - cpu_tokens;
+                self.stats.prefix_hits.fetch_add(gpu_tokens, Relaxed);
+                if self.stats.offload {
+                    self.stats
+                        .external_queries
+                        .fetch_add(s.prompt_len as u64 - gpu_tokens, Relaxed);
+                    self.stats.external_hits.fetch_add(cpu_tokens, Relaxed);
+                }
                 self.stats
                     .prompt_tokens
                     .fetch_add(s.prompt_len as u64, Relaxed);
@@ -557,6 +589,9 @@ impl Engine {
                     + self.p.kv_transfer_per_token_ms * tokens;
                 s.ready_at = Some(now + self.p.real(ms));
                 s.remote = None;
+            } else if load {
+                let ms = self.p.cpu_load_per_token_ms * (on_cpu.len() * bs) as f64;
+                s.ready_at = Some(now + self.p.real(ms));
             } else {
                 if s.computed < s.tokens.len() - 1 {
                     prefill += n;
@@ -910,6 +945,45 @@ mod tests {
         assert_ne!(toks[1], toks[2]);
         assert_eq!(stats.generation_tokens.load(Relaxed), 9);
         assert_eq!(stats.finished_length.load(Relaxed), 3);
+    }
+
+    /// One request of `prompt` alone: its time to done (1 token) and cached tokens.
+    async fn timed(tx: &mpsc::Sender<Submit>, prompt: &[u32]) -> (Duration, usize) {
+        let t0 = Instant::now();
+        match collect(submit(tx, prompt.to_vec(), 1)).await.1 {
+            Some(Event::Done { cached_tokens, .. }) => (Instant::now() - t0, cached_tokens),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prefix_offloaded_to_cpu_is_cached_but_costs_its_load() {
+        // 16 blocks of 4 tokens on the GPU: two other 41-token prompts evict
+        // the first one, which the CPU tier keeps.
+        let p = Params {
+            num_blocks: 16,
+            cpu_offload_blocks: 64,
+            cpu_load_per_token_ms: 0.25,
+            ..params()
+        };
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(Engine::new(p, rx, Arc::new(Stats::new(16, 4))).run());
+        let prompt: Vec<u32> = (0..41).collect();
+        let (miss, cached) = timed(&tx, &prompt).await;
+        assert_eq!((miss, cached), (Duration::from_millis(51), 0));
+        let (gpu_hit, cached) = timed(&tx, &prompt).await;
+        assert_eq!((gpu_hit, cached), (Duration::from_millis(10), 40));
+        for base in [100, 200] {
+            timed(&tx, &(base..base + 41).collect::<Vec<_>>()).await;
+        }
+        let (cpu_hit, cached) = timed(&tx, &prompt).await;
+        assert_eq!(cached, 40, "loaded back from the CPU tier: cached");
+        assert!(
+            gpu_hit < cpu_hit && cpu_hit < miss,
+            "{gpu_hit:?} < {cpu_hit:?} < {miss:?}"
+        );
+        // Loaded back, the prefix is on the GPU again.
+        assert_eq!(timed(&tx, &prompt).await, (gpu_hit, 40));
     }
 
     #[tokio::test(start_paused = true)]

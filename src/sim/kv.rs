@@ -5,9 +5,12 @@
 //! so a block matches only when the whole prefix before it matches too. Blocks
 //! nobody references stay cached in an LRU free queue and are evicted (their
 //! hash forgotten) when a new block is needed. Partial blocks are never shared.
+//! With a CPU offload tier (`offload.rs`) an evicted block keeps a copy in host
+//! memory that a later prompt can load back.
 
 use std::collections::HashMap;
 
+use super::offload::CpuTier;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 const NIL: u32 = u32::MAX;
@@ -58,8 +61,13 @@ pub enum CacheEvent {
         tokens: Vec<u32>,
         salted: bool,
     },
-    /// A cached block was evicted.
+    /// A cached block was evicted from the GPU.
     Removed { hash: u64 },
+    /// An evicted block's copy entered the CPU tier (vLLM's offloading
+    /// connector publishes it as `BlockStored`, medium `CPU`, without tokens).
+    Offloaded { hash: u64 },
+    /// A block fell out of the CPU tier (`BlockRemoved`, medium `CPU`).
+    OffloadEvicted { hash: u64 },
 }
 
 /// Most events kept between two drains; beyond, the oldest are dropped (the
@@ -79,6 +87,8 @@ pub struct KvCache {
     free: usize,
     cached: HashMap<u64, u32>,
     prefix_caching: bool,
+    /// Where evicted blocks go, when the engine offloads to CPU.
+    cpu: Option<CpuTier>,
     /// Recorded events, when publishing is on.
     events: Option<Vec<CacheEvent>>,
 }
@@ -97,12 +107,52 @@ impl KvCache {
             free: 0,
             cached: HashMap::new(),
             prefix_caching,
+            cpu: None,
             events: None,
         };
         for b in 0..n as u32 {
             kv.push_back(b);
         }
         kv
+    }
+
+    /// Keep up to `blocks` evicted blocks in a CPU tier (0: none).
+    pub fn with_cpu_offload(mut self, blocks: usize) -> Self {
+        self.cpu = (blocks > 0 && self.prefix_caching).then(|| CpuTier::new(blocks));
+        self
+    }
+
+    /// How many of `hashes`, from the first, the CPU tier holds.
+    pub fn cpu_run(&self, hashes: &[u64]) -> usize {
+        self.cpu.as_ref().map_or(0, |c| c.run(hashes))
+    }
+
+    /// Mark `hashes` recently used in the CPU tier (they are being loaded, so
+    /// the evictions of the same admission do not push them out).
+    pub fn cpu_touch(&mut self, hashes: &[u64]) {
+        if let Some(c) = &mut self.cpu {
+            hashes.iter().for_each(|h| c.touch(*h));
+        }
+    }
+
+    /// Blocks held in the CPU tier.
+    pub fn cpu_blocks(&self) -> usize {
+        self.cpu.as_ref().map_or(0, CpuTier::held)
+    }
+
+    /// An evicted block's hash goes to the CPU tier (copied before the GPU
+    /// block is freed, so `Offloaded` precedes `Removed`).
+    fn evicted(&mut self, h: u64) {
+        if let Some(c) = &mut self.cpu {
+            let (new, out) = c.insert(h);
+            if new {
+                self.record(CacheEvent::Offloaded { hash: h });
+            }
+            for o in out {
+                self.record(CacheEvent::OffloadEvicted { hash: o });
+            }
+        }
+        self.record(CacheEvent::Removed { hash: h });
     }
 
     /// Record [`CacheEvent`]s from now on.
@@ -251,7 +301,7 @@ impl KvCache {
             if let Some(h) = self.hash[b as usize].take() {
                 if self.cached.get(&h) == Some(&b) {
                     self.cached.remove(&h);
-                    self.record(CacheEvent::Removed { hash: h });
+                    self.evicted(h);
                 }
             }
             self.ref_cnt[b as usize] = 1;
@@ -376,6 +426,34 @@ mod tests {
             ]
         );
         assert!(kv.take_events().is_empty());
+    }
+
+    #[test]
+    fn evicted_blocks_move_to_the_cpu_tier_and_fall_out_of_it() {
+        let mut kv = KvCache::new(1, 4, true).with_cpu_offload(1);
+        kv.record_events();
+        let (a, b) = (hashes(&[1, 2, 3, 4], 4), hashes(&[5, 6, 7, 8], 4));
+        for h in [a[0], b[0]] {
+            let blk = kv.allocate(1).unwrap();
+            kv.commit(blk[0], h);
+            kv.release(&blk);
+        }
+        // `a` was evicted by `b`: no longer on the GPU, but on the CPU.
+        assert!(kv.lookup(&a, 1).is_empty());
+        assert_eq!(kv.cpu_run(&a), 1);
+        kv.allocate(1).unwrap();
+        assert_eq!(kv.cpu_run(&a), 0, "pushed out by b (capacity 1)");
+        assert_eq!((kv.cpu_run(&b), kv.cpu_blocks()), (1, 1));
+        assert_eq!(
+            kv.take_events(),
+            vec![
+                CacheEvent::Offloaded { hash: a[0] },
+                CacheEvent::Removed { hash: a[0] },
+                CacheEvent::Offloaded { hash: b[0] },
+                CacheEvent::OffloadEvicted { hash: a[0] },
+                CacheEvent::Removed { hash: b[0] },
+            ]
+        );
     }
 
     #[test]

@@ -216,11 +216,20 @@ fn encode_event(e: &CacheEvent, block_size: usize, format: EventFormat) -> Value
                 ),
             ],
         ),
-        CacheEvent::Removed { hash } => (
-            "BlockRemoved",
+        CacheEvent::Removed { hash } => removed(*hash, "GPU"),
+        CacheEvent::OffloadEvicted { hash } => removed(*hash, "CPU"),
+        // As vLLM's offloading connector publishes it: the engine's hash (the
+        // GPU block's), no parent, no tokens.
+        CacheEvent::Offloaded { hash } => (
+            "BlockStored",
             vec![
                 ("block_hashes", Value::Array(vec![Value::from(*hash)])),
-                ("medium", Value::from("GPU")),
+                ("parent_block_hash", Value::Nil),
+                ("token_ids", Value::Array(Vec::new())),
+                ("block_size", Value::from(block_size)),
+                ("lora_id", Value::Nil),
+                ("medium", Value::from("CPU")),
+                ("lora_name", Value::Nil),
             ],
         ),
     };
@@ -237,6 +246,16 @@ fn encode_event(e: &CacheEvent, block_size: usize, format: EventFormat) -> Value
                 .collect(),
         ),
     }
+}
+
+fn removed(hash: u64, medium: &'static str) -> (&'static str, Vec<(&'static str, Value)>) {
+    (
+        "BlockRemoved",
+        vec![
+            ("block_hashes", Value::Array(vec![Value::from(hash)])),
+            ("medium", Value::from(medium)),
+        ],
+    )
 }
 
 /// The sequence range a `--kv-drop-seqs` / `--kv-reorder-seqs` value names:

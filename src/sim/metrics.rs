@@ -71,6 +71,11 @@ pub struct Stats {
     pub block_size: u64,
     pub prefix_queries: AtomicU64,
     pub prefix_hits: AtomicU64,
+    /// The engine has a CPU offload tier: its queries and hits are exported
+    /// as vLLM exports a KV connector's (`vllm:external_prefix_cache_*`).
+    pub offload: bool,
+    pub external_queries: AtomicU64,
+    pub external_hits: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub generation_tokens: AtomicU64,
     pub finished_stop: AtomicU64,
@@ -82,6 +87,10 @@ pub struct Stats {
     pub kv_event_batches: AtomicU64,
     /// Generated tokens per (simulated) second over the last step, f64 bits.
     pub gen_throughput_bits: AtomicU64,
+    /// When this engine started, Unix seconds: exported as
+    /// `process_start_time_seconds`, as the Python process collector of vLLM
+    /// and SGLang does, so a restart shows in a scrape.
+    pub started_unix: f64,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub e2e: Histogram,
@@ -98,6 +107,9 @@ impl Stats {
             block_size: block_size as u64,
             prefix_queries: z(),
             prefix_hits: z(),
+            offload: false,
+            external_queries: z(),
+            external_hits: z(),
             prompt_tokens: z(),
             generation_tokens: z(),
             finished_stop: z(),
@@ -107,6 +119,9 @@ impl Stats {
             requests_received: z(),
             kv_event_batches: z(),
             gen_throughput_bits: AtomicU64::new(0f64.to_bits()),
+            started_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
             ttft: Histogram::new(TTFT_BUCKETS),
             itl: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
@@ -192,6 +207,13 @@ pub fn render(kind: EngineKind, model: &str, s: &Stats) -> String {
         labels: format!("engine=\"0\",model_name=\"{}\"", esc(model)),
     };
     let g = |a: &AtomicU64| a.load(Relaxed) as f64;
+    // Unlabelled, like prometheus_client's process collector.
+    o.head(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+    );
+    let _ = writeln!(o.s, "process_start_time_seconds {}", s.started_unix);
     match kind {
         EngineKind::Vllm => {
             o.scalar(
@@ -224,6 +246,20 @@ pub fn render(kind: EngineKind, model: &str, s: &Stats) -> String {
                 "Prefix cache hits, in terms of number of cached tokens.",
                 g(&s.prefix_hits),
             );
+            if s.offload {
+                o.scalar(
+                    "vllm:external_prefix_cache_queries_total",
+                    "counter",
+                    "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+                    g(&s.external_queries),
+                );
+                o.scalar(
+                    "vllm:external_prefix_cache_hits_total",
+                    "counter",
+                    "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+                    g(&s.external_hits),
+                );
+            }
             o.scalar(
                 "vllm:num_preemptions_total",
                 "counter",

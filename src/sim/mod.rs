@@ -28,6 +28,7 @@ pub mod kv;
 pub mod kv_events;
 mod messages;
 pub mod metrics;
+mod offload;
 pub mod profiles;
 mod responses;
 pub mod tokenizer;
@@ -130,6 +131,10 @@ pub struct SimConfig {
     pub kv_transfer_base_ms: f64,
     /// Per transferred token (ms).
     pub kv_transfer_per_token_ms: f64,
+    /// Blocks of the CPU offload tier that GPU evictions move to (0: none).
+    pub cpu_offload_blocks: usize,
+    /// Cost of loading a prefix back from the CPU tier, per token (ms).
+    pub cpu_load_per_token_ms: f64,
     /// Mean natural output length (tokens) before EOS, when not `ignore_eos`.
     pub mean_output_tokens: usize,
     /// Length of `/v1/embeddings` vectors.
@@ -168,6 +173,8 @@ impl SimConfig {
             per_prefill_token_ms: 0.07,
             kv_transfer_base_ms: 2.0,
             kv_transfer_per_token_ms: 0.002,
+            cpu_offload_blocks: 0,
+            cpu_load_per_token_ms: 0.005,
             mean_output_tokens: 200,
             ignore_disconnect: false,
             embedding_dim: 1024,
@@ -213,6 +220,7 @@ impl SimConfig {
             (self.per_prefill_token_ms, "per_prefill_token_ms"),
             (self.kv_transfer_base_ms, "kv_transfer_base_ms"),
             (self.kv_transfer_per_token_ms, "kv_transfer_per_token_ms"),
+            (self.cpu_load_per_token_ms, "cpu_load_per_token_ms"),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{n} must be a non-negative number"));
@@ -281,7 +289,10 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
     let listener = TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
     let addr = listener.local_addr()?;
     let params = engine::Params::from_config(&cfg);
-    let stats = Arc::new(metrics::Stats::new(cfg.num_blocks, cfg.block_size));
+    let stats = Arc::new(metrics::Stats {
+        offload: cfg.cpu_offload_blocks > 0,
+        ..metrics::Stats::new(cfg.num_blocks, cfg.block_size)
+    });
     let (submit, rx) = mpsc::channel(1024);
     let mut eng = engine::Engine::new(params.clone(), rx, stats.clone());
     let mut kv = None;

@@ -38,6 +38,7 @@ pub fn get(name: &str) -> Option<SimConfig> {
             per_seq_ms: 0.12,
             per_prefill_token_ms: 0.12,
             kv_transfer_per_token_ms: 0.004,
+            cpu_load_per_token_ms: 0.003,
             ..base
         },
         // Llama-3.1-8B, bf16, 1x L4 24 GB (small KV, slow decode).
@@ -52,6 +53,7 @@ pub fn get(name: &str) -> Option<SimConfig> {
             step_base_ms: 55.0,
             per_seq_ms: 0.4,
             per_prefill_token_ms: 0.35,
+            cpu_load_per_token_ms: 0.01,
             ..base
         },
         // Not a real GPU: small and quick, for tests and demos.

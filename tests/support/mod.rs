@@ -236,3 +236,38 @@ pub fn config_file(name: &str, toml: &str) -> std::path::PathBuf {
     std::fs::write(&file, toml).unwrap();
     file
 }
+
+/// Start `switchyard ARGS…` and wait for its stdout line starting with
+/// `prefix` (a readiness line); the process is killed on drop.
+pub async fn spawn_binary_line(args: &[&str], prefix: &str) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("binary starts");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(l) = lines.next_line().await.unwrap() {
+            if l.starts_with(prefix) {
+                return l;
+            }
+        }
+        panic!("exited before printing {prefix:?}");
+    })
+    .await
+    .expect("ready line");
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, line)
+}
+
+/// The value of `name=` in a readiness line.
+pub fn line_field(line: &str, name: &str) -> String {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .to_string()
+}
