@@ -359,3 +359,52 @@ async fn eviction_on_the_engine_moves_the_next_request_elsewhere() {
     let (worker, reason) = chat(&gw.url(), &text).await.unwrap();
     assert_eq!((worker, reason.as_str()), (sims[other].url(), "prefix_hit"));
 }
+
+/// A prompt whose sim tokens (chat template included) are exactly whole blocks.
+fn whole_blocks_prompt(block_size: usize) -> (String, usize) {
+    use switchyard::api::inspect::Endpoint;
+    let tok = switchyard::tokenize::build(&switchyard::config::TokenizerConfig::Sim).unwrap();
+    // Each word is two tokens; trailing `!`s (one token each) set the remainder.
+    (0..block_size)
+        .map(|bangs| format!("{}{}", prompt("whole", 60), "!".repeat(bangs)))
+        .find_map(|text| {
+            let body = serde_json::to_vec(&body(&text)).unwrap();
+            let n = tok
+                .prompt_tokens(Endpoint::ChatCompletions, &body)
+                .ok()?
+                .len();
+            (n % block_size == 0).then_some((text, n))
+        })
+        .expect("some length is a multiple of the block size")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_of_whole_blocks_is_predicted_as_the_engine_counts() {
+    // The engine computes a prompt's last token again (it needs its logits), so the
+    // last of n whole blocks is never a hit: predicted and reported must both say n - 1.
+    let sims = sims(1, 4096).await;
+    let gw = gateway(&config(&sims, "")).await;
+    wait_live(&gw.url(), &sims).await;
+    let (text, n) = whole_blocks_prompt(16);
+    chat(&gw.url(), &text).await;
+    wait_caught_up(&gw.url(), &sims[0]).await;
+    chat(&gw.url(), &text).await;
+    let m = scrape(&gw.url()).await;
+    let precise = |name| {
+        metric_sum(
+            &m,
+            name,
+            &[(names::L_POOL, "p"), (names::L_MODE, "precise")],
+        )
+    };
+    let (pred, actual) = (
+        precise(names::CACHE_PREDICTED_TOKENS_TOTAL),
+        precise(names::CACHE_ACTUAL_TOKENS_TOTAL),
+    );
+    assert_eq!(
+        actual,
+        (n - 16) as f64,
+        "the engine reuses all but the last block"
+    );
+    assert_eq!(pred, actual, "{n} prompt tokens");
+}

@@ -10,13 +10,14 @@ gateway has not applied yet, so a request is only sent once the index is current
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 
 import pytest
 import zmq
 
-from engines import BLOCK_SIZE, KV_TOPIC, LOG_DIR, MODEL, MODEL_DIR, record
+from engines import BLOCK_SIZE, KV_TOPIC, LOG_DIR, MODEL, MODEL_DIR, SWITCHYARD, record
 from workload import Workload, prefix_text, samples, scrape
 
 # Share of the measured requests whose prediction must equal the engine's count.
@@ -205,6 +206,39 @@ def test_predicted_cached_tokens_equal_the_engines_count(engines, precise):
         if lb.get("pool") == "precise":
             by_mode[lb.get("mode")] = by_mode.get(lb.get("mode"), 0) + v
     assert by_mode.get("precise", 0) >= len(reqs) and not by_mode.get("approximate"), by_mode
+
+
+def prompt_len(messages: list) -> int:
+    """The prompt's token count, as the gateway (and, tested elsewhere, vLLM) computes it."""
+    out = subprocess.run([SWITCHYARD, "tokenize", "--model-dir", str(MODEL_DIR)],
+                         input=json.dumps({"model": MODEL, "messages": messages}).encode(),
+                         capture_output=True, check=True, timeout=30).stdout
+    return len(json.loads(out))
+
+
+def test_a_repeated_prompt_of_whole_blocks_is_predicted_as_the_engine_counts(engines, precise):
+    """An engine recomputes a prompt's last token (it needs its logits), so a prompt of
+    exactly n blocks, sent again, hits n - 1 of them: the prediction must say so too."""
+    gw, log = precise
+    words = prefix_text(47, 0, 100).split()
+    messages = []
+    for n in range(60, len(words)):
+        messages = [{"role": "user", "content": " ".join(words[:n])}]
+        if prompt_len(messages) % BLOCK_SIZE == 0:
+            break
+    size = prompt_len(messages)
+    assert size % BLOCK_SIZE == 0, size
+    rows = []
+    for i in range(2):
+        wait_caught_up(gw, engines)
+        rid = f"e2e-whole-blocks-{i}"
+        _, body = chat(gw.url, messages, rid)
+        assert body["usage"]["prompt_tokens"] == size, body["usage"]
+        rows.append((rid, cached(body)))
+    recs = access_records(log, {rid for rid, _ in rows})
+    rid, actual = rows[1]
+    assert actual == size - BLOCK_SIZE, (size, rows)
+    assert recs[rid]["predicted_cached_tokens"] == actual, (size, recs[rid], rows)
 
 
 def test_kv_event_counters_per_worker(engines, precise):
