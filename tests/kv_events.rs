@@ -55,8 +55,13 @@ async fn sims(n: usize, num_blocks: usize) -> Vec<SimHandle> {
     v
 }
 
-/// A weighted pool on `precise_prefix` over the sims, with their event endpoints.
+/// A weighted pool `p` on `precise_prefix` over the sims, with their event endpoints.
 fn config(sims: &[SimHandle], kv_lines: &str) -> String {
+    config_named("p", sims, kv_lines)
+}
+
+/// The same, pool named `pool` (its metrics apart from other tests' in this process).
+fn config_named(pool: &str, sims: &[SimHandle], kv_lines: &str) -> String {
     let workers: Vec<String> = sims
         .iter()
         .map(|s| {
@@ -70,7 +75,7 @@ fn config(sims: &[SimHandle], kv_lines: &str) -> String {
         })
         .collect();
     format!(
-        "[server]\ndebug_headers = true\n[[pools]]\nname = \"p\"\nmodels = [\"{MODEL}\"]\npolicy = \"weighted\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nscorers = [{{ name = \"precise_prefix\", weight = 1.0 }}, {{ name = \"queue\", weight = 0.01 }}]\n[pools.kv_events]\ntopic = \"kv-events\"\nprobe_interval_ms = 100\n{kv_lines}\n",
+        "[server]\ndebug_headers = true\n[[pools]]\nname = \"{pool}\"\nmodels = [\"{MODEL}\"]\npolicy = \"weighted\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nscorers = [{{ name = \"precise_prefix\", weight = 1.0 }}, {{ name = \"queue\", weight = 0.01 }}]\n[pools.kv_events]\ntopic = \"kv-events\"\nprobe_interval_ms = 100\n{kv_lines}\n",
         workers.join(", ")
     )
 }
@@ -383,7 +388,7 @@ async fn a_repeated_prompt_of_whole_blocks_is_predicted_as_the_engine_counts() {
     // The engine computes a prompt's last token again (it needs its logits), so the
     // last of n whole blocks is never a hit: predicted and reported must both say n - 1.
     let sims = sims(1, 4096).await;
-    let gw = gateway(&config(&sims, "")).await;
+    let gw = gateway(&config_named("whole", &sims, "")).await;
     wait_live(&gw.url(), &sims).await;
     let (text, n) = whole_blocks_prompt(16);
     chat(&gw.url(), &text).await;
@@ -394,7 +399,7 @@ async fn a_repeated_prompt_of_whole_blocks_is_predicted_as_the_engine_counts() {
         metric_sum(
             &m,
             name,
-            &[(names::L_POOL, "p"), (names::L_MODE, "precise")],
+            &[(names::L_POOL, "whole"), (names::L_MODE, "precise")],
         )
     };
     let (pred, actual) = (
