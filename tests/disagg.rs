@@ -383,7 +383,10 @@ async fn latency_objectives_choose_the_prefill_decode_pair() {
     for i in 0..4 {
         let (st, route, body) = chat_with_slo(&base, &format!("tight {i}"), Some("120")).await;
         assert_eq!(st, 200, "{body}");
-        assert!(route.ends_with(&format!("prefill={f}")), "request {i}: {route}");
+        assert!(
+            route.ends_with(&format!("prefill={f}")),
+            "request {i}: {route}"
+        );
     }
     let (st, _, body) = chat_with_slo(&base, "impossible", Some("1")).await;
     assert_eq!(st, 503, "{body}");

@@ -55,8 +55,13 @@ async fn sims(n: usize, num_blocks: usize) -> Vec<SimHandle> {
     v
 }
 
-/// A weighted pool on `precise_prefix` over the sims, with their event endpoints.
+/// A weighted pool `p` on `precise_prefix` over the sims, with their event endpoints.
 fn config(sims: &[SimHandle], kv_lines: &str) -> String {
+    config_named("p", sims, kv_lines)
+}
+
+/// The same, pool named `pool` (its metrics apart from other tests' in this process).
+fn config_named(pool: &str, sims: &[SimHandle], kv_lines: &str) -> String {
     let workers: Vec<String> = sims
         .iter()
         .map(|s| {
@@ -70,7 +75,7 @@ fn config(sims: &[SimHandle], kv_lines: &str) -> String {
         })
         .collect();
     format!(
-        "[server]\ndebug_headers = true\n[[pools]]\nname = \"p\"\nmodels = [\"{MODEL}\"]\npolicy = \"weighted\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nscorers = [{{ name = \"precise_prefix\", weight = 1.0 }}, {{ name = \"queue\", weight = 0.01 }}]\n[pools.kv_events]\ntopic = \"kv-events\"\nprobe_interval_ms = 100\n{kv_lines}\n",
+        "[server]\ndebug_headers = true\n[[pools]]\nname = \"{pool}\"\nmodels = [\"{MODEL}\"]\npolicy = \"weighted\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nscorers = [{{ name = \"precise_prefix\", weight = 1.0 }}, {{ name = \"queue\", weight = 0.01 }}]\n[pools.kv_events]\ntopic = \"kv-events\"\nprobe_interval_ms = 100\n{kv_lines}\n",
         workers.join(", ")
     )
 }
@@ -358,4 +363,53 @@ async fn eviction_on_the_engine_moves_the_next_request_elsewhere() {
     wait_caught_up(&gw.url(), &sims[held]).await;
     let (worker, reason) = chat(&gw.url(), &text).await.unwrap();
     assert_eq!((worker, reason.as_str()), (sims[other].url(), "prefix_hit"));
+}
+
+/// A prompt whose sim tokens (chat template included) are exactly whole blocks.
+fn whole_blocks_prompt(block_size: usize) -> (String, usize) {
+    use switchyard::api::inspect::Endpoint;
+    let tok = switchyard::tokenize::build(&switchyard::config::TokenizerConfig::Sim).unwrap();
+    // Each word is two tokens; trailing `!`s (one token each) set the remainder.
+    (0..block_size)
+        .map(|bangs| format!("{}{}", prompt("whole", 60), "!".repeat(bangs)))
+        .find_map(|text| {
+            let body = serde_json::to_vec(&body(&text)).unwrap();
+            let n = tok
+                .prompt_tokens(Endpoint::ChatCompletions, &body)
+                .ok()?
+                .len();
+            (n % block_size == 0).then_some((text, n))
+        })
+        .expect("some length is a multiple of the block size")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_prompt_of_whole_blocks_is_predicted_as_the_engine_counts() {
+    // The engine computes a prompt's last token again (it needs its logits), so the
+    // last of n whole blocks is never a hit: predicted and reported must both say n - 1.
+    let sims = sims(1, 4096).await;
+    let gw = gateway(&config_named("whole", &sims, "")).await;
+    wait_live(&gw.url(), &sims).await;
+    let (text, n) = whole_blocks_prompt(16);
+    chat(&gw.url(), &text).await;
+    wait_caught_up(&gw.url(), &sims[0]).await;
+    chat(&gw.url(), &text).await;
+    let m = scrape(&gw.url()).await;
+    let precise = |name| {
+        metric_sum(
+            &m,
+            name,
+            &[(names::L_POOL, "whole"), (names::L_MODE, "precise")],
+        )
+    };
+    let (pred, actual) = (
+        precise(names::CACHE_PREDICTED_TOKENS_TOTAL),
+        precise(names::CACHE_ACTUAL_TOKENS_TOTAL),
+    );
+    assert_eq!(
+        actual,
+        (n - 16) as f64,
+        "the engine reuses all but the last block"
+    );
+    assert_eq!(pred, actual, "{n} prompt tokens");
 }

@@ -57,6 +57,14 @@ pub fn prompt_keys(tokens: &[u32], block_size: usize) -> Vec<u64> {
         .collect()
 }
 
+/// The keys of the blocks of a prompt an engine can serve from its cache: every
+/// full block before the prompt's last token. The engine always computes that token
+/// (it needs its logits; vLLM caps a hit at `num_tokens - 1`), so a prompt of
+/// exactly n blocks, fully cached, hits only n - 1 of them.
+pub fn reusable_prompt_keys(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    prompt_keys(&tokens[..tokens.len().saturating_sub(1)], block_size)
+}
+
 /// A worker's standing in the precise index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -315,6 +323,15 @@ mod tests {
             2,
             "blocks beyond the stack buffer"
         );
+    }
+
+    #[test]
+    fn the_block_ending_at_the_last_token_is_not_reusable() {
+        let whole: Vec<u32> = (0..8).collect();
+        assert_eq!(reusable_prompt_keys(&whole, 4), prompt_keys(&whole[..4], 4));
+        let more: Vec<u32> = (0..9).collect();
+        assert_eq!(reusable_prompt_keys(&more, 4), prompt_keys(&more, 4));
+        assert!(reusable_prompt_keys(&[], 4).is_empty());
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub mod subscriber;
 pub mod wire;
 
 pub use apply::{Refusal, WorkerBlocks};
-pub use index::{prompt_keys, weighted_blocks, Depths, KvIndex, SlotState, MAX_WORKERS};
+pub use index::{
+    prompt_keys, reusable_prompt_keys, weighted_blocks, Depths, KvIndex, SlotState, MAX_WORKERS,
+};
 pub use restart::EngineStart;
 pub use sequence::{Sequencer, Step};
 

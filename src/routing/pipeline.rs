@@ -247,12 +247,16 @@ impl Pipeline {
         }
     }
 
-    /// The precise index's keys of the request's prompt (`None`: not tokenized).
+    /// The precise index's keys of the request's prompt blocks an engine can reuse
+    /// (`None`: not tokenized).
     fn prompt_keys<'r>(&self, p: &Precise, req: &'r RouteRequest<'_>) -> Option<&'r [u64]> {
         req.prompt_keys(|| {
             let (endpoint, body) = req.body?;
             let tokens = p.tokenizer.prompt_tokens(endpoint, body).ok()?;
-            Some(kv_events::prompt_keys(&tokens, p.kv.index.block_size()))
+            Some(kv_events::reusable_prompt_keys(
+                &tokens,
+                p.kv.index.block_size(),
+            ))
         })
     }
 

@@ -25,6 +25,16 @@ from engines import start_gateway as _start_gateway  # noqa: E402
 install_sigterm_handler()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kills_engine: runs after every other test of the suite")
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that kill an engine run last, whatever file they are in (stable sort:
+    the others keep their file order)."""
+    items.sort(key=lambda it: it.get_closest_marker("kills_engine") is not None)
+
+
 @pytest.fixture(scope="session")
 def engines():
     try:
@@ -62,16 +72,17 @@ def routing_supported() -> bool:
 
 @pytest.fixture(scope="session")
 def start_gateway(engines):
-    """Factory: a Switchyard gateway with the given policy in front of the engines."""
+    """Factory: a Switchyard gateway with the given policy in front of the engines, or
+    with a whole TOML `config` of the test's own (`name` then names its log)."""
     if not os.access(SWITCHYARD, os.X_OK):
         pytest.fail(f"{SWITCHYARD} missing: cargo build first")
     started: list[Gateway] = []
 
-    def start(policy: str, routing: bool = False, targets: list[Engine] | None = None,
-              debug_headers: bool = False) -> Gateway:
-        cfg = gateway_config(targets or engines, policy, routing, debug_headers)
+    def start(policy: str = "", routing: bool = False, targets: list[Engine] | None = None,
+              debug_headers: bool = False, config: str = "", name: str = "") -> Gateway:
+        cfg = config or gateway_config(targets or engines, policy, routing, debug_headers)
         try:
-            gw = _start_gateway(cfg, LOG_DIR / f"gateway-{len(started)}-{policy}.log")
+            gw = _start_gateway(cfg, LOG_DIR / f"gateway-{len(started)}-{name or policy}.log")
         except RuntimeError as e:
             pytest.fail(str(e))
         started.append(gw)

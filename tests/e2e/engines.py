@@ -5,6 +5,7 @@ in their own process groups and killed by PID (group) on stop or at exit."""
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import socket
@@ -28,8 +29,18 @@ MODEL = "tiny-llama"
 # the workload's ~1.4k-token shared prompts (there are eight). See docs/e2e.md.
 KV_BLOCKS = int(os.environ.get("E2E_KV_BLOCKS", "200"))
 BLOCK_SIZE = 32
+KV_TOPIC = "kv-events"
 ENGINE_READY_S = float(os.environ.get("E2E_ENGINE_READY_S", "300"))
 LOG_DIR = Path(os.environ.get("E2E_LOG_DIR", ROOT / "bench-out/e2e/logs"))
+RESULTS = Path(os.environ.get("E2E_RESULTS", ROOT / "bench-out/e2e/results.json"))
+
+
+def record(key: str, value) -> None:
+    """Keep a measurement of this run under `key` in RESULTS (JSON)."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    data[key] = value
+    RESULTS.write_text(json.dumps(data, indent=1))
 
 
 # Every process group started here, so that an interrupted run (timeout's SIGTERM,
@@ -97,6 +108,9 @@ class Engine:
     url: str
     proc: subprocess.Popen
     log: Path
+    # The engine's KV-cache event publisher (ZeroMQ PUB) and replay (ROUTER) endpoints.
+    kv_events: str = ""
+    kv_replay: str = ""
 
     @property
     def metrics_url(self) -> str:
@@ -128,8 +142,18 @@ def engine_env() -> dict:
     return env
 
 
+def kv_events_config(events_port: int, replay_port: int) -> str:
+    """vLLM's `--kv-events-config`: a ZeroMQ publisher of every block stored and
+    removed, and its replay socket. A `*` host makes vLLM bind (not connect)."""
+    return json.dumps({
+        "enable_kv_cache_events": True, "publisher": "zmq",
+        "endpoint": f"tcp://*:{events_port}", "replay_endpoint": f"tcp://*:{replay_port}",
+        "topic": KV_TOPIC,
+    })
+
+
 def start_engine(name: str) -> Engine:
-    port = free_port()
+    port, ev_port, replay_port = free_port(), free_port(), free_port()
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / f"{name}.log"
     argv = [
@@ -144,9 +168,13 @@ def start_engine(name: str) -> Engine:
         "--enable-prefix-caching",
         "--block-size", str(BLOCK_SIZE),
         "--num-gpu-blocks-override", str(KV_BLOCKS),
+        # usage.prompt_tokens_details.cached_tokens: what the precise index is checked against.
+        "--enable-prompt-tokens-details",
+        "--kv-events-config", kv_events_config(ev_port, replay_port),
     ]
     p = spawn(argv, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=engine_env(), cwd=ROOT)
-    return Engine(name, f"http://127.0.0.1:{port}", p, log)
+    return Engine(name, f"http://127.0.0.1:{port}", p, log,
+                  f"tcp://127.0.0.1:{ev_port}", f"tcp://127.0.0.1:{replay_port}")
 
 
 class Gateway:

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Real-engine end-to-end suite: installs vLLM for CPU (tests/e2e/setup_vllm.sh),
-# makes the tiny model, starts two vLLM engines and Switchyard gateways in front of
-# them, and runs tests/e2e/test_real_vllm.py. Bounded: the whole suite is killed
-# after E2E_TIMEOUT seconds (default 900). Fails loudly on any install problem.
+# Real-engine end-to-end suite: installs vLLM for CPU (tests/e2e/setup_vllm.sh) and
+# guidellm (tests/e2e/setup_guidellm.sh), makes the tiny model, starts two vLLM
+# engines (KV-cache events on) and Switchyard gateways in front of them, and runs
+# tests/e2e/test_*.py: OpenAI and Anthropic SDKs, metrics, tokenization, prefix
+# routing, the precise KV-event index, flow control, latency objectives, the
+# `vllm bench serve` and `guidellm` clients, failover. Bounded: the whole suite is
+# killed after E2E_TIMEOUT seconds (default 900). Fails loudly on any install problem.
 #
 #   tests/e2e/run.sh                      # uses target/debug/switchyard (built if missing)
 #   SWITCHYARD_BIN=target/release/switchyard tests/e2e/run.sh -k prefix
@@ -10,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 start=$(date +%s)
 timeout 1500 tests/e2e/setup_vllm.sh   # bounded too: ~9 min on a fresh, busy machine
+timeout 600 tests/e2e/setup_guidellm.sh  # guidellm layered on vLLM's venv: ~30 s
 export SWITCHYARD_BIN=${SWITCHYARD_BIN:-$PWD/target/debug/switchyard}
 [ -x "$SWITCHYARD_BIN" ] || cargo build --locked --bin switchyard
 export TINY_MODEL_DIR=${TINY_MODEL_DIR:-$PWD/bench-out/e2e/tiny-llama}

@@ -1,6 +1,6 @@
 """Switchyard in front of two real vLLM CPU engines serving a tiny random-weight
 Llama (see docs/e2e.md). Tests run in file order; the failover test kills an
-engine and therefore comes last.
+engine and therefore runs last (marker `kills_engine`, conftest.py).
 
 Tests that need the stats poller and the `prefix` policy (branch `routing`) skip
 with that reason when the gateway binary rejects `policy = "prefix"`; everything
@@ -13,13 +13,12 @@ import os
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import openai
 import pytest
 from openai import OpenAI
 
-from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, MODEL_DIR, ROOT, SWITCHYARD
+from engines import BLOCK_SIZE, KV_BLOCKS, MODEL, MODEL_DIR, SWITCHYARD, record
 from workload import Workload, hit_ratio_during, requests_per_engine, run_workload, samples, scrape, total
 
 # Minimum (prefix hit ratio − round-robin hit ratio), both from the engines' own
@@ -35,15 +34,7 @@ from workload import Workload, hit_ratio_during, requests_per_engine, run_worklo
 # prefixes), 0.33–0.36 (benchmark rounds), 0.298 (final suite run, engines placed 30/18).
 # 0.20 stays below every measurement; without affinity the two ratios are within a few points.
 MIN_HIT_MARGIN = float(os.environ.get("E2E_MIN_HIT_MARGIN", "0.20"))
-RESULTS = Path(os.environ.get("E2E_RESULTS", ROOT / "bench-out/e2e/results.json"))
 NEEDS_ROUTING = "gateway binary has no stats poller / `prefix` policy (branch `routing` not merged)"
-
-
-def record(key: str, value) -> None:
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data[key] = value
-    RESULTS.write_text(json.dumps(data, indent=1))
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +223,7 @@ def test_prefix_policy_beats_round_robin_on_real_prefix_cache_hits(engines, star
         f"{out['round_robin']['hit_ratio']}: margin {margin:.3f} < {MIN_HIT_MARGIN}")
 
 
+@pytest.mark.kills_engine
 def test_failover_when_an_engine_is_killed_mid_run(engines, start_gateway):
     """Closed loop of non-streamed requests through a round_robin gateway; one engine is
     SIGKILLed (API server and engine core) part-way. Only requests in flight on the
