@@ -238,7 +238,7 @@ impl GatewayService {
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {
             let gw = self.gw.clone();
-            Box::pin(async move { Ok(handlers::proxy(axum::extract::State(gw), req).await) })
+            Box::pin(handlers::proxy_hyper(gw, req))
         } else {
             Box::pin(self.app.call(req))
         }
