@@ -203,6 +203,50 @@ pub(super) fn validate_endpoints(
     Some(KvEndpoints { events, replay })
 }
 
+/// `[pools.routing].index`: `precise` needs what the precise index is built
+/// from (a tokenizer, every worker's `kv_events`; discovered workers publish
+/// none), and a setting other than `auto` must reach the `prefix` policy.
+pub(super) fn check_prefix_source(
+    key: &Key,
+    pool: &super::PoolConfig,
+    file_index: &[usize],
+    p: &mut Problems,
+) {
+    use super::{PolicyKind, PrefixSource};
+    let source = pool.routing.index;
+    let at = key.field("routing").field("index");
+    if source != PrefixSource::Auto
+        && pool.policy != PolicyKind::Prefix
+        && !pool.routing.allow_policy_override
+    {
+        p.push(format!(
+            "{at}: applies to the `prefix` policy only (in `weighted` mixes name the `precise_prefix` or `prefix` scorer)"
+        ));
+    }
+    if source != PrefixSource::Precise {
+        return;
+    }
+    if pool.tokenizer.is_none() {
+        p.push(format!(
+            "{at}: `precise` needs the pool's {} (to compute the engine's prompt tokens)",
+            key.field("tokenizer")
+        ));
+    }
+    if pool.dns.is_some() || pool.kubernetes.is_some() {
+        p.push(format!(
+            "{at}: `precise` needs every worker's kv_events, and discovered workers have none"
+        ));
+    }
+    for (w, &i) in pool.workers.iter().zip(file_index) {
+        if w.kv_events.is_none() {
+            p.push(format!(
+                "{at}: `precise` needs kv_events on every worker; {} has none",
+                key.field("workers").index(i)
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     fn problems(pool_lines: &str, worker: &str) -> Vec<String> {

@@ -105,6 +105,9 @@ pub struct KvIndex {
     states: [AtomicU8; MAX_WORKERS],
     /// (worker, tier) pairs held, all workers.
     pairs: AtomicU64,
+    /// Per slot: blocks held on the GPU (what competes for the engine's cache
+    /// space; the `prefix` policy places new prefixes by it).
+    gpu: [AtomicU64; MAX_WORKERS],
     block_size: usize,
 }
 
@@ -115,6 +118,7 @@ impl KvIndex {
             slots: Mutex::new(Vec::new()),
             states: std::array::from_fn(|_| AtomicU8::new(0)),
             pairs: AtomicU64::new(0),
+            gpu: std::array::from_fn(|_| AtomicU64::new(0)),
             block_size: block_size.max(1),
         }
     }
@@ -200,6 +204,9 @@ impl KvIndex {
         *m |= bit;
         if new {
             self.pairs.fetch_add(1, Ordering::Relaxed);
+            if tier == Tier::Gpu {
+                self.gpu[slot as usize].fetch_add(1, Ordering::Relaxed);
+            }
         }
         new
     }
@@ -216,6 +223,9 @@ impl KvIndex {
         });
         if had {
             self.pairs.fetch_sub(1, Ordering::Relaxed);
+            if tier == Tier::Gpu {
+                self.gpu[slot as usize].fetch_sub(1, Ordering::Relaxed);
+            }
         }
         had
     }
@@ -233,6 +243,16 @@ impl KvIndex {
             h.0 != [0; 3]
         });
         self.pairs.fetch_sub(gone, Ordering::Relaxed);
+        if let Some(g) = self.gpu.get(slot as usize) {
+            g.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Blocks `slot` holds on the GPU.
+    pub fn gpu_blocks(&self, slot: u8) -> u64 {
+        self.gpu
+            .get(slot as usize)
+            .map_or(0, |g| g.load(Ordering::Relaxed))
     }
 
     /// (worker, tier) pairs held.
@@ -341,6 +361,10 @@ mod tests {
         ix.lookup(&k, &mut d);
         assert_eq!(d[s[0] as usize], [0, 0, 0]);
         assert_eq!(ix.pairs(), 7);
+        let gpu: Vec<u64> = s.iter().map(|&s| ix.gpu_blocks(s)).collect();
+        assert_eq!(gpu, [2, 2, 1], "GPU blocks per worker");
+        ix.clear_slot(s[1]);
+        assert_eq!((ix.gpu_blocks(s[1]), ix.pairs()), (0, 3));
     }
 
     #[test]
