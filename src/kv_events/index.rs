@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::pending::Pending;
 use super::wire::Tier;
 
 /// Workers a pool's precise index can tell apart (one bit each).
@@ -81,7 +82,7 @@ struct Holders([u64; 3]);
 
 /// Keys are already hashes: the map uses them as they are.
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(super) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -108,6 +109,8 @@ pub struct KvIndex {
     /// Per slot: blocks held on the GPU (what competes for the engine's cache
     /// space; the `prefix` policy places new prefixes by it).
     gpu: [AtomicU64; MAX_WORKERS],
+    /// Blocks just sent to a worker, not yet confirmed by its events.
+    pending: Pending,
     block_size: usize,
 }
 
@@ -119,6 +122,7 @@ impl KvIndex {
             states: std::array::from_fn(|_| AtomicU8::new(0)),
             pairs: AtomicU64::new(0),
             gpu: std::array::from_fn(|_| AtomicU64::new(0)),
+            pending: Pending::default(),
             block_size: block_size.max(1),
         }
     }
@@ -198,6 +202,7 @@ impl KvIndex {
     /// Record that `slot` holds `key` in `tier`; whether it was new.
     pub fn insert(&self, slot: u8, key: u64, tier: Tier) -> bool {
         let bit = 1u64 << slot;
+        self.pending.confirm(slot, key);
         let mut e = self.map.entry(key).or_default();
         let m = &mut e.0[tier as usize];
         let new = *m & bit == 0;
@@ -269,11 +274,32 @@ impl KvIndex {
     /// (cumulative: `[gpu, gpu+cpu, any]`), written into `out` (zeroed first).
     /// Stops at the first block nobody holds.
     pub fn lookup(&self, keys: &[u64], out: &mut Depths) {
+        self.lookup_with(keys, out, |_| 0);
+    }
+
+    /// [`KvIndex::lookup`] with the blocks pending at `now` (just sent, not yet
+    /// confirmed) counted as held on the GPU.
+    pub fn lookup_at(&self, keys: &[u64], out: &mut Depths, now: u64) {
+        if self.pending.is_empty() {
+            return self.lookup(keys, out);
+        }
+        self.lookup_with(keys, out, |k| self.pending.mask(k, now));
+    }
+
+    /// Remember that `slot` was just sent a prompt with `keys`, pending until
+    /// `until`; `false` when the pending set is full.
+    pub fn note_pending(&self, slot: u8, keys: &[u64], now: u64, until: u64) -> bool {
+        self.pending.insert(slot, keys, now, until)
+    }
+
+    #[inline]
+    fn lookup_with(&self, keys: &[u64], out: &mut Depths, pending: impl Fn(u64) -> u64) {
         *out = [[0; 3]; MAX_WORKERS];
         let mut alive = [u64::MAX; 3];
         let mut done = keys.len();
         for (i, k) in keys.iter().enumerate() {
-            let h = self.map.get(k).map_or([0; 3], |e| e.0);
+            let mut h = self.map.get(k).map_or([0; 3], |e| e.0);
+            h[0] |= pending(*k);
             let cum = [h[0], h[0] | h[1], h[0] | h[1] | h[2]];
             for t in 0..3 {
                 let next = alive[t] & cum[t];

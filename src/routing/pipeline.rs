@@ -16,6 +16,7 @@ use crate::config::{PolicyKind, PrefixSource, ScorerName};
 use crate::kv_events::{self, PoolKv, MAX_WORKERS};
 use crate::pool::stats::Freshness;
 use crate::pool::Worker;
+use crate::telemetry::names;
 use crate::tokenize::PromptTokenizer;
 use rand::{Rng, RngCore};
 use smallvec::SmallVec;
@@ -97,6 +98,7 @@ struct PreciseHit {
 /// What a pipeline needs to look a prompt up in the pool's precise index.
 struct Precise {
     kv: Arc<PoolKv>,
+    pool: Arc<str>,
     tokenizer: Arc<dyn PromptTokenizer>,
     /// Per worker: its slot in the index.
     slots: Vec<Option<u8>>,
@@ -201,6 +203,7 @@ impl Pipeline {
                         .map(|w| kv.index.slot_of(&w.id))
                         .collect(),
                     kv: kv.clone(),
+                    pool: Arc::from(ctx.pool.name.as_str()),
                 })
             });
         let index = ctx.index.filter(|_| uses_prefix).cloned();
@@ -274,16 +277,17 @@ impl Pipeline {
         })
     }
 
-    /// Per worker of the route, the prompt's blocks it holds by tier, when the
-    /// pool's precise index speaks for every worker; `None` otherwise.
-    fn precise_lookup(&self, req: &RouteRequest<'_>) -> Option<PreciseHit> {
+    /// Per worker of the route, the prompt's blocks it holds by tier (or was
+    /// just sent, pending at `now`), when the pool's precise index speaks for
+    /// every worker; `None` otherwise.
+    fn precise_lookup(&self, req: &RouteRequest<'_>, now: u64) -> Option<PreciseHit> {
         let p = self.precise.as_ref()?;
         if !p.kv.index.covers(&p.slots) {
             return None;
         }
         let (keys, tokens) = self.prompt_keys(p, req)?;
         let mut depths = [[0u32; 3]; MAX_WORKERS];
-        p.kv.index.lookup(keys, &mut depths);
+        p.kv.index.lookup_at(keys, &mut depths, now);
         Some(PreciseHit {
             depths,
             blocks: keys.len(),
@@ -296,10 +300,11 @@ impl Pipeline {
     fn precise_depths(
         &self,
         req: &RouteRequest<'_>,
+        now: u64,
         cands: &mut [Candidate],
     ) -> Option<(f64, u64)> {
         let p = self.precise.as_ref()?;
-        let hit = self.precise_lookup(req)?;
+        let hit = self.precise_lookup(req, now)?;
         let block = p.kv.index.block_size() as f64;
         let mut max = 0.0f64;
         for c in cands.iter_mut() {
@@ -469,7 +474,8 @@ impl super::Policy for Pipeline {
     }
 
     fn predicted_cached_tokens(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<u64> {
-        let precise = self.precise.as_ref().zip(self.precise_lookup(req));
+        let lookup = self.precise_lookup(req, crate::pool::stats::now_ms());
+        let precise = self.precise.as_ref().zip(lookup);
         req.set_predicted_precisely(precise.is_some());
         if let Some((p, hit)) = precise {
             let slot = (*p.slots.get(d.index)?)?;
@@ -532,7 +538,7 @@ impl Pipeline {
             .routing_text
             .as_ref()
             .map_or(0, |t| t.len() as u64 / self.bytes_per_token.max(1));
-        let precise = self.precise_depths(req, cands);
+        let precise = self.precise_depths(req, now, cands);
         let (max_precise, prompt_tokens) = precise.unwrap_or((0.0, approx_tokens));
         let view = PickView {
             req,
@@ -717,6 +723,7 @@ impl Pipeline {
     }
 
     fn record_impl(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
+        self.record_pending(d, req, workers);
         let Some(ix) = &self.index else { return };
         let (Some(&slot), Some(w)) = (self.slots.get(d.index), workers.get(d.index)) else {
             return;
@@ -727,6 +734,30 @@ impl Pipeline {
         }
         let cap = self.capacity_blocks(w);
         ix.insert(slot, blocks, cap + cap / INDEX_SLACK_DIV);
+    }
+
+    /// The precise index counts the prompt as held on the chosen worker until
+    /// its events can have told (`kv_events/pending.rs`).
+    fn record_pending(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
+        let Some(p) = &self.precise else { return };
+        let (Some(Some(slot)), Some(w)) = (p.slots.get(d.index), workers.get(d.index)) else {
+            return;
+        };
+        let ttl = p.kv.pending_ttl_ms;
+        let Some((keys, _)) = self.prompt_keys(p, req).filter(|_| ttl > 0) else {
+            return;
+        };
+        let now = crate::pool::stats::now_ms();
+        if !p.kv.index.note_pending(*slot, keys, now, now + ttl) {
+            tracing::warn!(pool = %p.pool, worker = %w.id, "kv events: pending blocks full; decision not remembered");
+            metrics::counter!(
+                names::KV_BLOCKS_SKIPPED_TOTAL,
+                names::L_POOL => p.pool.to_string(),
+                names::L_WORKER => w.id.to_string(),
+                "reason" => "pending_full"
+            )
+            .increment(keys.len() as u64);
+        }
     }
 
     fn estimate_cost_impl(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<f64> {

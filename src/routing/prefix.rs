@@ -232,7 +232,7 @@ mod tests {
     /// Engine blocks of 4 tokens, each engine's cache 64 of them.
     const BLOCK: usize = 4;
 
-    fn pool(index: &str) -> PoolConfig {
+    fn pool(index: &str, kv_lines: &str) -> PoolConfig {
         let workers: Vec<String> = (0..3)
             .map(|i| {
                 format!(
@@ -242,7 +242,7 @@ mod tests {
             })
             .collect();
         let text = format!(
-            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"prefix\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nindex = \"{index}\"\n[pools.kv_events]\nblock_size = {BLOCK}\n",
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"prefix\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nindex = \"{index}\"\n[pools.kv_events]\nblock_size = {BLOCK}\n{kv_lines}\n",
             workers.join(", ")
         );
         config::parse(&text)
@@ -262,8 +262,8 @@ mod tests {
         slots: Vec<u8>,
     }
 
-    fn fixture(index: &str) -> Fixture {
-        let pc = pool(index);
+    fn fixture(index: &str, kv_lines: &str) -> Fixture {
+        let pc = pool(index, kv_lines);
         let kv = Arc::new(PoolKv::new(&pc).expect("workers publish events"));
         let (workers, policy) = build_for_test_with_kv(&pc, Some(&kv), |ctx| {
             for w in ctx.workers {
@@ -343,7 +343,8 @@ mod tests {
 
     #[test]
     fn the_precise_index_overrules_what_this_gateway_sent_where() {
-        let f = fixture("auto");
+        // Decisions are not remembered as pending: only the events speak.
+        let f = fixture("auto", "pending_ttl_ms = 0");
         let r = req(&long("evicted"));
         // While one worker is still syncing, the approximate index decides.
         f.kv.index.set_state(f.slots[1], SlotState::Syncing);
@@ -363,7 +364,7 @@ mod tests {
 
     #[test]
     fn approximate_keeps_to_what_this_gateway_sent_where() {
-        let f = fixture("approximate");
+        let f = fixture("approximate", "");
         let r = req(&long("stale"));
         let (first, _, _) = f.pick(&r);
         f.hold(
@@ -375,12 +376,15 @@ mod tests {
         assert_eq!((d.index, d.reason), (first.index, Reason::PrefixHit));
         assert!(!precise, "counted under mode=\"approximate\"");
         assert!(predicted.unwrap() > 0);
-        assert_eq!(pool("approximate").routing.index, PrefixSource::Approximate);
+        assert_eq!(
+            pool("approximate", "").routing.index,
+            PrefixSource::Approximate
+        );
     }
 
     #[test]
     fn a_gpu_copy_beats_an_offloaded_one() {
-        let f = fixture("auto");
+        let f = fixture("auto", "");
         let r = req(&long("tiers"));
         let keys = f.keys(&r);
         f.hold(0, &keys, kv_events::wire::Tier::Cpu);
@@ -389,11 +393,47 @@ mod tests {
         assert_eq!((d.index, d.reason, precise), (2, Reason::PrefixHit, true));
     }
 
+    /// Requests sharing a new prefix follow the first one before the engine's
+    /// events can tell (the decision is pending), and only for a while.
+    #[test]
+    fn a_prompt_just_sent_counts_as_held_until_its_events_can_tell() {
+        let f = fixture("auto", "pending_ttl_ms = 60000");
+        let r = req(&long("burst"));
+        let (first, _, _) = f.pick(&r);
+        assert_eq!(first.reason, Reason::NewPrefix);
+        for w in &f.workers {
+            w.state
+                .stats
+                .store(&parse_metrics("vllm:num_requests_running 0\n"), now_ms());
+        }
+        f.workers[first.index]
+            .state
+            .stats
+            .store(&parse_metrics("vllm:num_requests_running 1\n"), now_ms());
+        let (d, predicted, precise) = f.pick(&r);
+        assert_eq!(
+            (d.index, d.reason, precise),
+            (first.index, Reason::PrefixHit, true)
+        );
+        assert_eq!(predicted, Some((f.keys(&r).len() * BLOCK) as u64));
+        let later = now_ms() + 120_000;
+        let rr = RouteRequest::new(&r.info, None).with_body(Endpoint::ChatCompletions, &r.body);
+        let d = Policy::pick_at(
+            &f.policy,
+            &rr,
+            &f.workers,
+            &|_| true,
+            later,
+            &mut rand::thread_rng(),
+        );
+        assert_eq!(d.unwrap().reason, Reason::NewPrefix, "expired");
+    }
+
     /// A new prefix goes where the engines' own events say there is room, the
     /// same on every replica (no replica's own traffic enters into it).
     #[test]
     fn a_new_prefix_goes_where_the_engines_have_room() {
-        let f = fixture("auto");
+        let f = fixture("auto", "pending_ttl_ms = 0");
         // Blocks of other prompts (not even the chat template's opening).
         let tokens: Vec<u32> = (100_000..100_240).collect();
         let filler = kv_events::prompt_keys(&tokens, BLOCK);
