@@ -39,7 +39,8 @@ sys.path.insert(0, str(ROOT / "tests/e2e"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 import overhead  # noqa: E402  (process helpers, peer CLI)
-from workload import Workload, hit_ratio_during, requests_per_engine, run_workload, wait_http_ok  # noqa: E402
+from workload import (Workload, hit_ratio_during, requests_per_engine, run_workload, samples,  # noqa: E402
+                      scrape, total, wait_http_ok)
 
 FLEET = os.environ.get("FLEET", "sim")
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
@@ -197,7 +198,6 @@ topic = "kv-events"
 
 def wait_precise_live(url: str, n: int, p: subprocess.Popen) -> None:
     """Until every worker is live (state 2) in the gateway's precise index."""
-    from workload import scrape, total
     end = time.monotonic() + 60
     while time.monotonic() < end and p.poll() is None:
         if total(scrape(url + "/metrics"), "switchyard_kv_worker_state") == 2 * n:
@@ -232,6 +232,19 @@ def start_router(target: str, fleet, tmp: Path, idx: int) -> tuple[str, subproce
             url, proc = overhead.start_peer(peer, fleet.urls, policy=policy, ready_path="/v1/models")
             return url, proc.popen
     raise ValueError(f"unknown target {target}")
+
+
+def predictions(url: str) -> dict:
+    """The gateway's predicted vs the engines' reported cached prompt tokens, per
+    prediction mode (`precise`, `approximate`): how well its index knew the caches."""
+    text = scrape(url + "/metrics")
+    out: dict[str, float] = {}
+    for key, name in (("predicted", "switchyard_cache_predicted_tokens_total"),
+                      ("actual", "switchyard_cache_actual_tokens_total")):
+        for labels, value in samples(text, name):
+            k = f"{key}_tokens_{labels.get('mode', '')}"
+            out[k] = out.get(k, 0.0) + value
+    return out
 
 
 def stop_proc(p: subprocess.Popen) -> None:
@@ -276,13 +289,15 @@ def run(fleet, tmp: Path) -> int:
                 ratio, res = hit_ratio_during(metrics, lambda: run_workload(
                     url, fleet.model, wl, concurrency=CONC, deadline_s=900))
                 per = [b - a for a, b in zip(per0, requests_per_engine(metrics))]
+                pred = predictions(url) if target.startswith("switchyard-") else {}
             finally:
                 stop_proc(p)
             s = res.summary()
             row = {"hit_ratio": ratio, "ttft_p50_ms": s["ttft_p50_ms"], "ttft_p99_ms": s["ttft_p99_ms"],
                    "ttft_mean_ms": s["ttft_mean_ms"], "rps": s["n"] / res.wall if res.wall else 0,
                    "errors": s["errors"], "n": s["n"], "per_engine": per,
-                   "imbalance": max(per) / (sum(per) / len(per)) if sum(per) else float("nan")}
+                   "imbalance": max(per) / (sum(per) / len(per)) if sum(per) else float("nan"),
+                   **pred}
             results[target].append(row)
             log(f"round {rnd + 1}/{ROUNDS} {target:<28} hit={ratio:.3f} ttft p50={row['ttft_p50_ms']:7.1f}ms "
                 f"p99={row['ttft_p99_ms']:7.1f}ms {row['rps']:.2f} req/s per-engine={per} errors={row['errors']}"
@@ -332,6 +347,14 @@ def render(table, versions, cfg) -> str:
     for t in table:
         lines.append(f"- {t['target']}: " + "; ".join(
             f"{r['hit_ratio']:.3f}/{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f}" for r in t["rounds"]))
+    lines += ["", "Switchyard's predicted / the engines' reported cached prompt tokens, all rounds:", ""]
+    for t in table:
+        modes = sorted({k.split("_tokens_", 1)[1] for r in t["rounds"] for k in r if k.startswith("predicted_tokens_")})
+        for m in modes:
+            pred = sum(r.get(f"predicted_tokens_{m}", 0) for r in t["rounds"])
+            act = sum(r.get(f"actual_tokens_{m}", 0) for r in t["rounds"])
+            lines.append(f"- {t['target']} ({m}): {pred:.0f} / {act:.0f}"
+                         + (f" = {pred / act:.3f}" if act else ""))
     return "\n".join(lines) + "\n"
 
 
