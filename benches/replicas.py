@@ -5,9 +5,11 @@
 
 ENGINES simulated engines publish their KV-cache events (`switchyard sim
 --kv-events --kv-replay`) with bounded caches (SIM_BLOCKS blocks each). For each
-mode — `approximate` (policy `prefix`: the gateway's own prefix index) and
-`precise` (`weighted` with `precise_prefix`, routing on the engines' events) — and
-for 1 and REPLICAS gateways, the same shared-prefix workload (tests/e2e/workload.py:
+mode (MODES, comma-separated; default all three) — `approximate` (policy `prefix`
+on the gateway's own prefix index, `index = "approximate"`), `precise` (`weighted`
+with `precise_prefix` and `queue`, routing on the engines' events) and
+`prefix-precise` (policy `prefix` reading the engines' events, `index = "precise"`)
+— and for 1 and REPLICAS gateways, the same shared-prefix workload (tests/e2e/workload.py:
 GROUPS prompts, PER_GROUP requests each, seeded order) is sent round-robin over the
 gateways at CONC concurrent clients, to freshly started engines. Reported: the
 engines' own prefix-cache hit ratio (Δ hits / Δ queries, in tokens) per run and the
@@ -43,6 +45,7 @@ PREFIX_WORDS = int(os.environ.get("PREFIX_WORDS", "400"))
 SIM_BLOCKS = int(os.environ.get("SIM_BLOCKS", "400"))
 TIME_SCALE = float(os.environ.get("TIME_SCALE", "10"))
 SEED = int(os.environ.get("SEED", "7"))
+MODES = os.environ.get("MODES", "approximate,precise,prefix-precise").split(",")
 MODEL = "sim-llama-8b"
 
 
@@ -84,8 +87,13 @@ def config(sims: list[dict], mode: str) -> str:
                   f"workers = [{ws}]\n[pools.routing]\n"
                   'scorers = [{ name = "precise_prefix", weight = 1.0 }, { name = "queue", weight = 0.05 }]\n'
                   '[pools.kv_events]\ntopic = "kv-events"\n')
+    elif mode == "prefix-precise":
+        policy = (f'policy = "prefix"\ntokenizer = "sim"\nworkers = [{ws}]\n'
+                  '[pools.routing]\nindex = "precise"\n[pools.kv_events]\ntopic = "kv-events"\n')
+    elif mode == "approximate":
+        policy = f'policy = "prefix"\nworkers = [{ws}]\n[pools.routing]\nindex = "approximate"\n'
     else:
-        policy = f'policy = "prefix"\nworkers = [{ws}]\n'
+        raise ValueError(f"unknown mode {mode!r}")
     return f'[[pools]]\nname = "p"\nmodels = ["{MODEL}"]\n{policy}'
 
 
@@ -148,7 +156,7 @@ def one(tmp: Path, mode: str, replicas: int) -> float:
     try:
         for g in range(replicas):
             gws.append(start_gateway(tmp, f"gw-{mode}-{replicas}-{g}", config(sims, mode)))
-        if mode == "precise":
+        if mode != "approximate":
             for url, _ in gws:
                 wait_precise_live(url, len(sims))
         metrics = [s["url"] + "/metrics" for s in sims]
@@ -169,14 +177,14 @@ def main() -> int:
     rows = {}
     with tempfile.TemporaryDirectory() as d:
         try:
-            for mode, replicas in itertools.product(["approximate", "precise"], [1, REPLICAS]):
+            for mode, replicas in itertools.product(MODES, [1, REPLICAS]):
                 rows[(mode, replicas)] = one(Path(d), mode, replicas)
                 log(f"{mode} x{replicas}: hit ratio {rows[(mode, replicas)]:.3f}")
         finally:
             overhead.cleanup()
     print(f"| mode | 1 gateway | {REPLICAS} gateways (round robin) | ratio |")
     print("|---|---|---|---|")
-    for mode in ["approximate", "precise"]:
+    for mode in MODES:
         one_gw, many = rows[(mode, 1)], rows[(mode, REPLICAS)]
         print(f"| {mode} | {one_gw:.3f} | {many:.3f} | {many / one_gw:.2f} |")
     return 0

@@ -234,4 +234,9 @@ async fn models_merge_pools_aliases_and_adapters_with_engine_metadata() {
     assert_eq!(lora["max_model_len"], json!(max_len));
     let one: Value = get_json(&format!("{}/v1/models/tiny-alias", gw.url)).await;
     assert_eq!(one["parent"], json!(model), "{one}");
+    // The engines' lists are reused for a while: with the only engine gone, the
+    // next listing still carries its metadata, without asking it.
+    sims[0].kill();
+    let again: Value = get_json(&format!("{}/v1/models/{model}", gw.url)).await;
+    assert_eq!(again["max_model_len"], json!(max_len), "{again}");
 }

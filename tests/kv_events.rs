@@ -62,20 +62,41 @@ fn config(sims: &[SimHandle], kv_lines: &str) -> String {
 
 /// The same, pool named `pool` (its metrics apart from other tests' in this process).
 fn config_named(pool: &str, sims: &[SimHandle], kv_lines: &str) -> String {
+    let routing = "[pools.routing]\nscorers = [{ name = \"precise_prefix\", weight = 1.0 }, { name = \"queue\", weight = 0.01 }]";
+    pool_config(sims, pool, "policy = \"weighted\"", routing, Some(kv_lines))
+}
+
+/// Pool `name` over the sims with `policy` and `routing` lines; with events
+/// unless `kv_lines` is `None`.
+fn pool_config(
+    sims: &[SimHandle],
+    name: &str,
+    policy: &str,
+    routing: &str,
+    kv_lines: Option<&str>,
+) -> String {
     let workers: Vec<String> = sims
         .iter()
-        .map(|s| {
-            let kv = s.kv_endpoints().expect("events on");
-            format!(
-                "{{ url = \"{}\", kv_events = \"{}\", kv_replay = \"{}\" }}",
-                s.url(),
-                kv.events,
-                kv.replay.as_deref().unwrap()
-            )
+        .map(|s| match kv_lines {
+            None => format!("{{ url = \"{}\" }}", s.url()),
+            Some(_) => {
+                let kv = s.kv_endpoints().expect("events on");
+                format!(
+                    "{{ url = \"{}\", kv_events = \"{}\", kv_replay = \"{}\" }}",
+                    s.url(),
+                    kv.events,
+                    kv.replay.as_deref().unwrap()
+                )
+            }
         })
         .collect();
+    let (tokenizer, kv) = kv_lines.map_or((String::new(), String::new()), |l| {
+        let kv =
+            format!("[pools.kv_events]\ntopic = \"kv-events\"\nprobe_interval_ms = 100\n{l}\n");
+        ("tokenizer = \"sim\"".to_string(), kv)
+    });
     format!(
-        "[server]\ndebug_headers = true\n[[pools]]\nname = \"{pool}\"\nmodels = [\"{MODEL}\"]\npolicy = \"weighted\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nscorers = [{{ name = \"precise_prefix\", weight = 1.0 }}, {{ name = \"queue\", weight = 0.01 }}]\n[pools.kv_events]\ntopic = \"kv-events\"\nprobe_interval_ms = 100\n{kv_lines}\n",
+        "[server]\ndebug_headers = true\n[[pools]]\nname = \"{name}\"\nmodels = [\"{MODEL}\"]\n{policy}\n{tokenizer}\nworkers = [{}]\n{routing}\n{kv}",
         workers.join(", ")
     )
 }
@@ -412,4 +433,52 @@ async fn a_repeated_prompt_of_whole_blocks_is_predicted_as_the_engine_counts() {
         "the engine reuses all but the last block"
     );
     assert_eq!(pred, actual, "{n} prompt tokens");
+}
+
+/// The `prefix` policy reads the precise index when its pool has one: after the
+/// engine it sent a prompt to evicted it, the next request goes to the engine
+/// that holds it, while a gateway on the approximate index (what it sent where)
+/// still sends it to the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_prefix_policy_follows_an_eviction_the_approximate_index_cannot_see() {
+    let sims = sims(2, 96).await;
+    let prefix = "policy = \"prefix\"";
+    let precise = gateway(&pool_config(&sims, "prefix_precise", prefix, "", Some(""))).await;
+    let approx = gateway(&pool_config(&sims, "prefix_approx", prefix, "", None)).await;
+    wait_live(&precise.url(), &sims).await;
+    let text = prompt("follow", 150);
+    let (first, _) = chat(&approx.url(), &text).await.unwrap();
+    let held = usize::from(first != sims[0].url());
+    let other = 1 - held;
+    chat(&sims[other].url(), &text).await;
+    for i in 0..6 {
+        chat(&sims[held].url(), &prompt(&format!("flood{i}z"), 150)).await;
+    }
+    wait_caught_up(&precise.url(), &sims[other]).await;
+    wait_caught_up(&precise.url(), &sims[held]).await;
+    let (worker, reason) = chat(&precise.url(), &text).await.unwrap();
+    assert_eq!((worker, reason.as_str()), (sims[other].url(), "prefix_hit"));
+    let (worker, reason) = chat(&approx.url(), &text).await.unwrap();
+    assert_eq!(
+        (worker, reason.as_str()),
+        (first, "prefix_hit"),
+        "the approximate index cannot see the eviction"
+    );
+    // Each decision's prediction is counted under its own mode, and the precise
+    // one was exact.
+    let (mp, ma) = (scrape(&precise.url()).await, scrape(&approx.url()).await);
+    let mode = |m: &str, pool, mode, name| {
+        metric_sum(m, name, &[(names::L_POOL, pool), (names::L_MODE, mode)])
+    };
+    let (pp, pa) = ("prefix_precise", "prefix_approx");
+    let predictions = names::CACHE_PREDICTIONS_TOTAL;
+    assert_eq!(mode(&mp, pp, "precise", predictions), 1.0);
+    assert_eq!(mode(&mp, pp, "approximate", predictions), 0.0);
+    assert_eq!(mode(&ma, pa, "approximate", predictions), 2.0);
+    let predicted = mode(&mp, pp, "precise", names::CACHE_PREDICTED_TOKENS_TOTAL);
+    let actual = mode(&mp, pp, "precise", names::CACHE_ACTUAL_TOKENS_TOTAL);
+    assert!(
+        predicted > 0.0 && predicted == actual,
+        "predicted {predicted}, actual {actual}"
+    );
 }

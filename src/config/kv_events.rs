@@ -13,6 +13,9 @@ pub const DEFAULT_KV_BLOCK_SIZE: usize = 16;
 pub const DEFAULT_KV_MAX_BLOCKS: usize = 1 << 20;
 /// Default interval between replay probes while the event stream is quiet.
 pub const DEFAULT_KV_PROBE_MS: u64 = 1000;
+/// Default time a routing decision counts as cached on its worker before the
+/// engine's own events confirm it.
+pub const DEFAULT_KV_PENDING_MS: u64 = 2000;
 /// Default tier weights: a block in host memory costs a copy to the device, one on
 /// disk a read and a copy; both beat recomputing the prefill.
 pub const DEFAULT_TIER_WEIGHTS: [f64; 3] = [1.0, 0.8, 0.5];
@@ -53,6 +56,7 @@ pub struct RawKvEvents {
     pub topic: Option<String>,
     pub max_blocks_per_worker: Option<usize>,
     pub probe_interval_ms: Option<u64>,
+    pub pending_ttl_ms: Option<u64>,
     pub tier_weights: Option<RawTierWeights>,
 }
 
@@ -75,6 +79,10 @@ pub struct KvEventsConfig {
     /// A quiet stream is probed through the replay endpoint this often (lost
     /// trailing events, a restarted engine).
     pub probe_interval: Duration,
+    /// A prompt just sent to a worker counts as held there this long (or until
+    /// its events tell), so requests sharing a new prefix that arrive while the
+    /// first is in prefill follow it instead of copying it elsewhere. 0: off.
+    pub pending_ttl: Duration,
     /// Score of a cached token by tier: GPU, CPU, disk.
     pub tier_weights: [f64; 3],
 }
@@ -86,6 +94,7 @@ impl Default for KvEventsConfig {
             topic: String::new(),
             max_blocks_per_worker: DEFAULT_KV_MAX_BLOCKS,
             probe_interval: Duration::from_millis(DEFAULT_KV_PROBE_MS),
+            pending_ttl: Duration::from_millis(DEFAULT_KV_PENDING_MS),
             tier_weights: DEFAULT_TIER_WEIGHTS,
         }
     }
@@ -173,6 +182,7 @@ pub(super) fn validate_kv_events(key: &Key, raw: RawKvEvents, p: &mut Problems) 
         topic: raw.topic.unwrap_or_default(),
         max_blocks_per_worker: max_blocks.max(1),
         probe_interval: Duration::from_millis(probe.max(1)),
+        pending_ttl: Duration::from_millis(raw.pending_ttl_ms.unwrap_or(DEFAULT_KV_PENDING_MS)),
         tier_weights,
     }
 }
@@ -201,6 +211,50 @@ pub(super) fn validate_endpoints(
     let events = events?;
     check("kv_events", &events, p);
     Some(KvEndpoints { events, replay })
+}
+
+/// `[pools.routing].index`: `precise` needs what the precise index is built
+/// from (a tokenizer, every worker's `kv_events`; discovered workers publish
+/// none), and a setting other than `auto` must reach the `prefix` policy.
+pub(super) fn check_prefix_source(
+    key: &Key,
+    pool: &super::PoolConfig,
+    file_index: &[usize],
+    p: &mut Problems,
+) {
+    use super::{PolicyKind, PrefixSource};
+    let source = pool.routing.index;
+    let at = key.field("routing").field("index");
+    if source != PrefixSource::Auto
+        && pool.policy != PolicyKind::Prefix
+        && !pool.routing.allow_policy_override
+    {
+        p.push(format!(
+            "{at}: applies to the `prefix` policy only (in `weighted` mixes name the `precise_prefix` or `prefix` scorer)"
+        ));
+    }
+    if source != PrefixSource::Precise {
+        return;
+    }
+    if pool.tokenizer.is_none() {
+        p.push(format!(
+            "{at}: `precise` needs the pool's {} (to compute the engine's prompt tokens)",
+            key.field("tokenizer")
+        ));
+    }
+    if pool.dns.is_some() || pool.kubernetes.is_some() {
+        p.push(format!(
+            "{at}: `precise` needs every worker's kv_events, and discovered workers have none"
+        ));
+    }
+    for (w, &i) in pool.workers.iter().zip(file_index) {
+        if w.kv_events.is_none() {
+            p.push(format!(
+                "{at}: `precise` needs kv_events on every worker; {} has none",
+                key.field("workers").index(i)
+            ));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -244,6 +244,25 @@ pub struct RoutingConfig {
     pub max_added_latency_ms: u32,
     /// A request whose latency objective no worker is predicted to meet.
     pub slo_unattainable: SloUnattainable,
+    /// Where the `prefix` policy reads cached depths from.
+    pub index: PrefixSource,
+}
+
+/// Where the `prefix` policy reads how much of a prompt each worker holds
+/// (`[pools.routing].index`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefixSource {
+    /// The precise index when the pool has one (a tokenizer and workers with
+    /// `kv_events`), else the approximate index.
+    #[default]
+    Auto,
+    /// The precise index; the config must give it a tokenizer and every worker
+    /// `kv_events`. While it cannot speak for every worker (one still syncing,
+    /// refused or without events) the approximate index stands in.
+    Precise,
+    /// Always the approximate index (what this gateway sent where); events, if
+    /// configured, are still followed and counted.
+    Approximate,
 }
 
 /// What happens to a request whose latency objective no worker is predicted to
@@ -275,6 +294,7 @@ impl Default for RoutingConfig {
             scorers: Vec::new(),
             max_added_latency_ms: 0,
             slo_unattainable: SloUnattainable::Downgrade,
+            index: PrefixSource::Auto,
         }
     }
 }
@@ -365,6 +385,18 @@ impl RawRouting {
                         key.field("slo_unattainable")
                     ));
                     SloUnattainable::Downgrade
+                }
+            },
+            index: match self.index.as_deref() {
+                None | Some("auto") => PrefixSource::Auto,
+                Some("precise") => PrefixSource::Precise,
+                Some("approximate") => PrefixSource::Approximate,
+                Some(other) => {
+                    p.push(format!(
+                        "{}: expected `auto`, `precise` or `approximate` (got `{other}`)",
+                        key.field("index")
+                    ));
+                    PrefixSource::Auto
                 }
             },
         }
@@ -1247,6 +1279,7 @@ fn validate_pool(
         engine,
         request_usage: rp.request_usage.unwrap_or(true),
     };
+    kv_events::check_prefix_source(key, &pool, &indices, p);
     (pool, indices)
 }
 
@@ -1988,6 +2021,49 @@ mod tests {
         let c = check_all(&ok, Secrets::Optional).unwrap().config;
         assert_eq!(c.pools[0].policy, PolicyKind::Slo);
         assert_eq!(c.pools[0].routing.slo_unattainable, SloUnattainable::Shed);
+    }
+
+    #[test]
+    fn the_prefix_policys_index_setting_is_checked() {
+        let text = r#"
+            [[pools]]
+            models = ["m"]
+            policy = "least_queue"
+            workers = [{ url = "http://h:1", kv_events = "tcp://h:5557" }, { url = "http://h:2" }]
+            [pools.routing]
+            index = "precise"
+            [[pools]]
+            models = ["n"]
+            policy = "prefix"
+            workers = [{ url = "http://h:3" }]
+            [pools.routing]
+            index = "exact"
+            "#;
+        let e = check_all(text, Secrets::Optional).unwrap_err().to_string();
+        for needle in [
+            "pools[0].routing.index: applies to the `prefix` policy only",
+            "pools[0].routing.index: `precise` needs the pool's pools[0].tokenizer",
+            "pools[0].routing.index: `precise` needs kv_events on every worker; pools[0].workers[1] has none",
+            "pools[1].routing.index: expected `auto`, `precise` or `approximate` (got `exact`)",
+        ] {
+            assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+        }
+        let ok = text
+            .replace("least_queue", "prefix")
+            .replace("policy = \"prefix\"\n            workers = [{ url", "policy = \"prefix\"\n            tokenizer = \"sim\"\n            workers = [{ url")
+            .replace("{ url = \"http://h:2\" }", "{ url = \"http://h:2\", kv_events = \"tcp://h:5558\" }")
+            .replace("exact", "approximate");
+        let c = check_all(&ok, Secrets::Optional).unwrap().config;
+        assert_eq!(c.pools[0].routing.index, PrefixSource::Precise);
+        assert_eq!(c.pools[1].routing.index, PrefixSource::Approximate);
+        let auto = check_all(
+            &ok.replace("\"approximate\"", "\"auto\""),
+            Secrets::Optional,
+        );
+        assert_eq!(
+            auto.unwrap().config.pools[1].routing.index,
+            PrefixSource::Auto
+        );
     }
 
     #[test]

@@ -228,6 +228,8 @@ pub struct RawRouting {
     /// What to do with a request whose latency objective no worker is predicted
     /// to meet: `downgrade` (serve it on the best worker, marked) or `shed`.
     pub slo_unattainable: Option<String>,
+    /// `auto` (default), `precise` or `approximate`.
+    pub index: Option<String>,
 }
 
 /// One entry of `[pools.routing].scorers`.

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::pending::Pending;
 use super::wire::Tier;
 
 /// Workers a pool's precise index can tell apart (one bit each).
@@ -89,7 +90,7 @@ struct Holders([u64; 3]);
 
 /// Keys are already hashes: the map uses them as they are.
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(super) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
@@ -113,6 +114,11 @@ pub struct KvIndex {
     states: [AtomicU8; MAX_WORKERS],
     /// (worker, tier) pairs held, all workers.
     pairs: AtomicU64,
+    /// Per slot: blocks held on the GPU (what competes for the engine's cache
+    /// space; the `prefix` policy places new prefixes by it).
+    gpu: [AtomicU64; MAX_WORKERS],
+    /// Blocks just sent to a worker, not yet confirmed by its events.
+    pending: Pending,
     block_size: usize,
 }
 
@@ -123,6 +129,8 @@ impl KvIndex {
             slots: Mutex::new(Vec::new()),
             states: std::array::from_fn(|_| AtomicU8::new(0)),
             pairs: AtomicU64::new(0),
+            gpu: std::array::from_fn(|_| AtomicU64::new(0)),
+            pending: Pending::default(),
             block_size: block_size.max(1),
         }
     }
@@ -202,12 +210,16 @@ impl KvIndex {
     /// Record that `slot` holds `key` in `tier`; whether it was new.
     pub fn insert(&self, slot: u8, key: u64, tier: Tier) -> bool {
         let bit = 1u64 << slot;
+        self.pending.confirm(slot, key);
         let mut e = self.map.entry(key).or_default();
         let m = &mut e.0[tier as usize];
         let new = *m & bit == 0;
         *m |= bit;
         if new {
             self.pairs.fetch_add(1, Ordering::Relaxed);
+            if tier == Tier::Gpu {
+                self.gpu[slot as usize].fetch_add(1, Ordering::Relaxed);
+            }
         }
         new
     }
@@ -224,6 +236,9 @@ impl KvIndex {
         });
         if had {
             self.pairs.fetch_sub(1, Ordering::Relaxed);
+            if tier == Tier::Gpu {
+                self.gpu[slot as usize].fetch_sub(1, Ordering::Relaxed);
+            }
         }
         had
     }
@@ -241,6 +256,16 @@ impl KvIndex {
             h.0 != [0; 3]
         });
         self.pairs.fetch_sub(gone, Ordering::Relaxed);
+        if let Some(g) = self.gpu.get(slot as usize) {
+            g.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Blocks `slot` holds on the GPU.
+    pub fn gpu_blocks(&self, slot: u8) -> u64 {
+        self.gpu
+            .get(slot as usize)
+            .map_or(0, |g| g.load(Ordering::Relaxed))
     }
 
     /// (worker, tier) pairs held.
@@ -257,11 +282,32 @@ impl KvIndex {
     /// (cumulative: `[gpu, gpu+cpu, any]`), written into `out` (zeroed first).
     /// Stops at the first block nobody holds.
     pub fn lookup(&self, keys: &[u64], out: &mut Depths) {
+        self.lookup_with(keys, out, |_| 0);
+    }
+
+    /// [`KvIndex::lookup`] with the blocks pending at `now` (just sent, not yet
+    /// confirmed) counted as held on the GPU.
+    pub fn lookup_at(&self, keys: &[u64], out: &mut Depths, now: u64) {
+        if self.pending.is_empty() {
+            return self.lookup(keys, out);
+        }
+        self.lookup_with(keys, out, |k| self.pending.mask(k, now));
+    }
+
+    /// Remember that `slot` was just sent a prompt with `keys`, pending until
+    /// `until`; `false` when the pending set is full.
+    pub fn note_pending(&self, slot: u8, keys: &[u64], now: u64, until: u64) -> bool {
+        self.pending.insert(slot, keys, now, until)
+    }
+
+    #[inline]
+    fn lookup_with(&self, keys: &[u64], out: &mut Depths, pending: impl Fn(u64) -> u64) {
         *out = [[0; 3]; MAX_WORKERS];
         let mut alive = [u64::MAX; 3];
         let mut done = keys.len();
         for (i, k) in keys.iter().enumerate() {
-            let h = self.map.get(k).map_or([0; 3], |e| e.0);
+            let mut h = self.map.get(k).map_or([0; 3], |e| e.0);
+            h[0] |= pending(*k);
             let cum = [h[0], h[0] | h[1], h[0] | h[1] | h[2]];
             for t in 0..3 {
                 let next = alive[t] & cum[t];
@@ -358,6 +404,10 @@ mod tests {
         ix.lookup(&k, &mut d);
         assert_eq!(d[s[0] as usize], [0, 0, 0]);
         assert_eq!(ix.pairs(), 7);
+        let gpu: Vec<u64> = s.iter().map(|&s| ix.gpu_blocks(s)).collect();
+        assert_eq!(gpu, [2, 2, 1], "GPU blocks per worker");
+        ix.clear_slot(s[1]);
+        assert_eq!((ix.gpu_blocks(s[1]), ix.pairs()), (0, 3));
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 mod apply;
 pub mod index;
+mod pending;
 mod restart;
 mod sequence;
 pub mod subscriber;
@@ -24,6 +25,7 @@ pub use apply::{Refusal, WorkerBlocks};
 pub use index::{
     prompt_keys, reusable_prompt_keys, weighted_blocks, Depths, KvIndex, SlotState, MAX_WORKERS,
 };
+pub use pending::MAX_PENDING_KEYS;
 pub use restart::EngineStart;
 pub use sequence::{Sequencer, Step};
 
@@ -41,6 +43,9 @@ pub struct PoolKv {
     /// still followed and counted) but routing stays approximate.
     pub tokenizer: Option<Arc<dyn PromptTokenizer>>,
     pub tier_weights: [f64; 3],
+    /// How long a routing decision counts as held before its events confirm
+    /// it (ms; 0: not at all).
+    pub pending_ttl_ms: u64,
     cfg: KvEventsConfig,
     tasks: Mutex<HashMap<Arc<str>, Task>>,
 }
@@ -78,6 +83,7 @@ impl PoolKv {
             index: Arc::new(KvIndex::new(pc.kv_events.block_size)),
             tokenizer,
             tier_weights: pc.kv_events.tier_weights,
+            pending_ttl_ms: pc.kv_events.pending_ttl.as_millis() as u64,
             cfg: pc.kv_events.clone(),
             tasks: Mutex::new(HashMap::new()),
         })

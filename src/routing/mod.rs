@@ -151,9 +151,9 @@ pub struct RouteRequest<'a> {
     /// The endpoint and body, for policies that tokenize the prompt.
     pub body: Option<(Endpoint, &'a [u8])>,
     blocks: OnceLock<Vec<u64>>,
-    /// The precise index's block keys of the prompt tokens (`None`: the prompt
-    /// could not be tokenized).
-    prompt_keys: OnceLock<Option<Vec<u64>>>,
+    /// The precise index's block keys of the prompt tokens, and how many tokens
+    /// the prompt has (`None`: the prompt could not be tokenized).
+    prompt_keys: OnceLock<Option<(Vec<u64>, u64)>>,
     /// The last cache prediction came from the precise index.
     precise: std::sync::atomic::AtomicBool,
 }
@@ -187,9 +187,16 @@ impl<'a> RouteRequest<'a> {
         self
     }
 
-    /// The precise index's keys of the prompt, computed on first use.
-    pub fn prompt_keys(&self, f: impl FnOnce() -> Option<Vec<u64>>) -> Option<&[u64]> {
-        self.prompt_keys.get_or_init(f).as_deref()
+    /// The precise index's keys of the prompt and its token count, computed on
+    /// first use.
+    pub fn prompt_keys(
+        &self,
+        f: impl FnOnce() -> Option<(Vec<u64>, u64)>,
+    ) -> Option<(&[u64], u64)> {
+        self.prompt_keys
+            .get_or_init(f)
+            .as_ref()
+            .map(|(k, n)| (k.as_slice(), *n))
     }
 
     /// The same request restricted to `residency`.
@@ -271,6 +278,16 @@ pub(crate) fn build_for_test<T>(
     pc: &PoolConfig,
     make: impl FnOnce(&BuildContext<'_>) -> T,
 ) -> (Vec<Arc<Worker>>, T) {
+    build_for_test_with_kv(pc, None, make)
+}
+
+/// [`build_for_test`] with the pool's precise (KV-event) state.
+#[cfg(test)]
+pub(crate) fn build_for_test_with_kv<T>(
+    pc: &PoolConfig,
+    kv: Option<&Arc<PoolKv>>,
+    make: impl FnOnce(&BuildContext<'_>) -> T,
+) -> (Vec<Arc<Worker>>, T) {
     let workers: Vec<Arc<Worker>> = pc
         .workers
         .iter()
@@ -286,7 +303,7 @@ pub(crate) fn build_for_test<T>(
         index: Some(&index),
         global: &Default::default(),
         spill: None,
-        kv: None,
+        kv,
     });
     (workers, built)
 }

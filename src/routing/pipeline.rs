@@ -12,10 +12,11 @@
 use super::prefix_index::{PrefixIndex, REPLICAS};
 use super::scorers::{self, Candidate, PickView, Prepared, Scorer};
 use super::{rendezvous, BuildContext, Decision, Reason, RouteRequest};
-use crate::config::{PolicyKind, ScorerName};
+use crate::config::{PolicyKind, PrefixSource, ScorerName};
 use crate::kv_events::{self, PoolKv, MAX_WORKERS};
 use crate::pool::stats::Freshness;
 use crate::pool::Worker;
+use crate::telemetry::names;
 use crate::tokenize::PromptTokenizer;
 use rand::{Rng, RngCore};
 use smallvec::SmallVec;
@@ -85,9 +86,19 @@ pub struct Pipeline {
     precise: Option<Precise>,
 }
 
+/// A prompt looked up in the precise index.
+struct PreciseHit {
+    depths: kv_events::Depths,
+    /// The prompt's full blocks.
+    blocks: usize,
+    /// The prompt's tokens.
+    tokens: u64,
+}
+
 /// What a pipeline needs to look a prompt up in the pool's precise index.
 struct Precise {
     kv: Arc<PoolKv>,
+    pool: Arc<str>,
     tokenizer: Arc<dyn PromptTokenizer>,
     /// Per worker: its slot in the index.
     slots: Vec<Option<u8>>,
@@ -122,7 +133,14 @@ impl Pipeline {
     pub fn new(ctx: &BuildContext<'_>) -> Pipeline {
         let r = &ctx.pool.routing;
         let (name, kinds, bounded, headroom): (_, Vec<(ScorerName, f64)>, _, _) = match ctx.kind {
-            PolicyKind::Prefix => ("prefix", vec![("prefix".into(), 1.0)], true, false),
+            // The prefix policy's source of cached depths is its one scorer.
+            PolicyKind::Prefix => {
+                let source = match r.index {
+                    PrefixSource::Approximate => "prefix",
+                    PrefixSource::Auto | PrefixSource::Precise => "precise_prefix",
+                };
+                ("prefix", vec![(source.into(), 1.0)], true, false)
+            }
             PolicyKind::Cost => (
                 "cost",
                 vec![("cost".into(), 1.0), ("queue".into(), 0.01)],
@@ -185,6 +203,7 @@ impl Pipeline {
                         .map(|w| kv.index.slot_of(&w.id))
                         .collect(),
                     kv: kv.clone(),
+                    pool: Arc::from(ctx.pool.name.as_str()),
                 })
             });
         let index = ctx.index.filter(|_| uses_prefix).cloned();
@@ -247,49 +266,89 @@ impl Pipeline {
         }
     }
 
-    /// The precise index's keys of the request's prompt blocks an engine can reuse
-    /// (`None`: not tokenized).
-    fn prompt_keys<'r>(&self, p: &Precise, req: &'r RouteRequest<'_>) -> Option<&'r [u64]> {
+    /// The precise index's keys of the request's prompt blocks an engine can
+    /// reuse, and the prompt's token count (`None`: not tokenized).
+    fn prompt_keys<'r>(&self, p: &Precise, req: &'r RouteRequest<'_>) -> Option<(&'r [u64], u64)> {
         req.prompt_keys(|| {
             let (endpoint, body) = req.body?;
             let tokens = p.tokenizer.prompt_tokens(endpoint, body).ok()?;
-            Some(kv_events::reusable_prompt_keys(
-                &tokens,
-                p.kv.index.block_size(),
-            ))
+            let keys = kv_events::reusable_prompt_keys(&tokens, p.kv.index.block_size());
+            Some((keys, tokens.len() as u64))
         })
     }
 
-    /// Per worker of the route, the prompt's blocks it holds by tier, when the
-    /// pool's precise index speaks for every worker; `None` otherwise.
-    fn precise_lookup(&self, req: &RouteRequest<'_>) -> Option<(kv_events::Depths, usize)> {
+    /// Per worker of the route, the prompt's blocks it holds by tier (or was
+    /// just sent, pending at `now`), when the pool's precise index speaks for
+    /// every worker; `None` otherwise.
+    fn precise_lookup(&self, req: &RouteRequest<'_>, now: u64) -> Option<PreciseHit> {
         let p = self.precise.as_ref()?;
         if !p.kv.index.covers(&p.slots) {
             return None;
         }
-        let keys = self.prompt_keys(p, req)?;
-        let mut d = [[0u32; 3]; MAX_WORKERS];
-        p.kv.index.lookup(keys, &mut d);
-        Some((d, keys.len()))
+        let (keys, tokens) = self.prompt_keys(p, req)?;
+        let mut depths = [[0u32; 3]; MAX_WORKERS];
+        p.kv.index.lookup_at(keys, &mut depths, now);
+        Some(PreciseHit {
+            depths,
+            blocks: keys.len(),
+            tokens,
+        })
     }
 
-    /// Set each candidate's precise share; whether precise mode applies, and the
-    /// largest share.
-    fn precise_depths(&self, req: &RouteRequest<'_>, cands: &mut [Candidate]) -> (bool, f64) {
-        let (Some(p), Some((d, n))) = (&self.precise, self.precise_lookup(req)) else {
-            return (false, 0.0);
-        };
+    /// In precise mode, set each candidate's precise share and held tokens and
+    /// return the largest share and the prompt's exact token count.
+    fn precise_depths(
+        &self,
+        req: &RouteRequest<'_>,
+        now: u64,
+        cands: &mut [Candidate],
+    ) -> Option<(f64, u64)> {
+        let p = self.precise.as_ref()?;
+        let hit = self.precise_lookup(req, now)?;
+        let block = p.kv.index.block_size() as f64;
         let mut max = 0.0f64;
         for c in cands.iter_mut() {
             let Some(Some(slot)) = p.slots.get(c.i) else {
                 continue;
             };
-            let row = &d[*slot as usize];
+            let row = &hit.depths[*slot as usize];
+            let weighted = kv_events::weighted_blocks(row, &p.kv.tier_weights);
             c.precise_blocks = row[2];
-            c.precise = kv_events::weighted_blocks(row, &p.kv.tier_weights) / n.max(1) as f64;
+            c.precise = weighted / hit.blocks.max(1) as f64;
+            c.held = weighted * block;
             max = max.max(c.precise);
         }
-        (true, max)
+        Some((max, hit.tokens))
+    }
+
+    /// Cache space for placing the request's prefix, in blocks of the pick's
+    /// index: each candidate's `footprint` and `capacity`, and (returned) the
+    /// prefix's blocks. In precise mode the GPU blocks each engine's events say
+    /// it holds and its published capacity (unbounded while unknown), so every
+    /// replica sees the same; otherwise what the prefix index attributes to each
+    /// worker. `None` without an index.
+    pub(super) fn space(&self, view: &PickView<'_>, cands: &mut [Candidate]) -> Option<u64> {
+        if let (true, Some(p)) = (view.precise, &self.precise) {
+            let (keys, _) = self.prompt_keys(p, view.req)?;
+            let block = p.kv.index.block_size() as u64;
+            for c in cands.iter_mut() {
+                let slot = p.slots.get(c.i).copied().flatten();
+                c.footprint = slot.map_or(0, |s| p.kv.index.gpu_blocks(s));
+                c.capacity = view.workers[c.i]
+                    .state
+                    .stats
+                    .kv_capacity_tokens()
+                    .map_or(u64::MAX, |t| (t / block).max(1));
+            }
+            return Some(keys.len() as u64);
+        }
+        let ix = self.index.as_ref()?;
+        let fp = ix.footprints();
+        for c in cands.iter_mut() {
+            c.footprint = fp.get(self.slots[c.i]);
+            c.capacity = ix.effective_capacity(self.capacity_blocks(&view.workers[c.i]));
+        }
+        Some(view.n_blocks as u64)
     }
 
     fn blocks<'r>(&self, req: &'r RouteRequest<'_>) -> &'r [u64] {
@@ -415,11 +474,12 @@ impl super::Policy for Pipeline {
     }
 
     fn predicted_cached_tokens(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<u64> {
-        let precise = self.precise.as_ref().zip(self.precise_lookup(req));
+        let lookup = self.precise_lookup(req, crate::pool::stats::now_ms());
+        let precise = self.precise.as_ref().zip(lookup);
         req.set_predicted_precisely(precise.is_some());
-        if let Some((p, (depths, _))) = precise {
+        if let Some((p, hit)) = precise {
             let slot = (*p.slots.get(d.index)?)?;
-            let blocks = depths[slot as usize][2];
+            let blocks = hit.depths[slot as usize][2];
             return Some(u64::from(blocks) * p.kv.index.block_size() as u64);
         }
         let ix = self.index.as_ref()?;
@@ -473,7 +533,13 @@ impl Pipeline {
         };
         let key = self.tie_key(req, blocks);
         let max_depth = self.prefix_depths(blocks, cands);
-        let (precise, max_precise) = self.precise_depths(req, cands);
+        let approx_tokens = req
+            .info
+            .routing_text
+            .as_ref()
+            .map_or(0, |t| t.len() as u64 / self.bytes_per_token.max(1));
+        let precise = self.precise_depths(req, now, cands);
+        let (max_precise, prompt_tokens) = precise.unwrap_or((0.0, approx_tokens));
         let view = PickView {
             req,
             workers,
@@ -481,14 +547,10 @@ impl Pipeline {
             max_wait: cands.iter().map(|c| c.wait).fold(0.0, f64::max),
             n_blocks: blocks.len(),
             max_depth,
-            precise,
+            precise: precise.is_some(),
             max_precise,
             key,
-            prompt_tokens: req
-                .info
-                .routing_text
-                .as_ref()
-                .map_or(0, |t| t.len() as u64 / self.bytes_per_token.max(1)),
+            prompt_tokens,
             block_tokens: self.block_tokens,
         };
         Some(view)
@@ -558,6 +620,7 @@ impl Pipeline {
                 };
                 if let Some(c) = cands.iter_mut().find(|c| c.i as u32 == i) {
                     c.depth = depth;
+                    c.held = f64::from(depth) * self.block_tokens as f64;
                     max_depth = max_depth.max(depth);
                 }
             }
@@ -660,6 +723,7 @@ impl Pipeline {
     }
 
     fn record_impl(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
+        self.record_pending(d, req, workers);
         let Some(ix) = &self.index else { return };
         let (Some(&slot), Some(w)) = (self.slots.get(d.index), workers.get(d.index)) else {
             return;
@@ -670,6 +734,30 @@ impl Pipeline {
         }
         let cap = self.capacity_blocks(w);
         ix.insert(slot, blocks, cap + cap / INDEX_SLACK_DIV);
+    }
+
+    /// The precise index counts the prompt as held on the chosen worker until
+    /// its events can have told (`kv_events/pending.rs`).
+    fn record_pending(&self, d: &Decision, req: &RouteRequest<'_>, workers: &[Arc<Worker>]) {
+        let Some(p) = &self.precise else { return };
+        let (Some(Some(slot)), Some(w)) = (p.slots.get(d.index), workers.get(d.index)) else {
+            return;
+        };
+        let ttl = p.kv.pending_ttl_ms;
+        let Some((keys, _)) = self.prompt_keys(p, req).filter(|_| ttl > 0) else {
+            return;
+        };
+        let now = crate::pool::stats::now_ms();
+        if !p.kv.index.note_pending(*slot, keys, now, now + ttl) {
+            tracing::warn!(pool = %p.pool, worker = %w.id, "kv events: pending blocks full; decision not remembered");
+            metrics::counter!(
+                names::KV_BLOCKS_SKIPPED_TOTAL,
+                names::L_POOL => p.pool.to_string(),
+                names::L_WORKER => w.id.to_string(),
+                "reason" => "pending_full"
+            )
+            .increment(keys.len() as u64);
+        }
     }
 
     fn estimate_cost_impl(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<f64> {

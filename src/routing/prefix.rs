@@ -16,7 +16,10 @@
 //!   it was; under load the least loaded, as `least_queue` would.
 //!
 //! It shares the pipeline's candidates, prefix index and block hashes (a
-//! [`Pipeline`] with the prefix scorer), but not its weighted scoring.
+//! [`Pipeline`] with the prefix scorer), but not its weighted scoring. Its
+//! source of cached depths is that scorer: `precise_prefix` (the engines' KV
+//! events, where the pool's precise index speaks for every worker of the route)
+//! or `prefix` (the approximate index), per `[pools.routing].index`.
 
 use super::pipeline::{mean_queue, Candidates, Pipeline, QUEUE_TOKENS, TIE};
 use super::scorers::{Candidate, PickView};
@@ -34,14 +37,15 @@ pub struct PrefixPolicy {
 /// bound placements respect.
 struct Estimate {
     prompt: f64,
-    block_tokens: f64,
+    /// The most prompt tokens any candidate holds.
+    max_held: f64,
     bound: f64,
     any_within: bool,
 }
 
 impl Estimate {
     fn total(&self, c: &Candidate) -> f64 {
-        c.wait + (self.prompt - c.depth as f64 * self.block_tokens).max(0.0)
+        c.wait + (self.prompt - c.held).max(0.0)
     }
 
     /// Within the load bound, or nobody is.
@@ -60,12 +64,10 @@ impl PrefixPolicy {
 
     fn pick(&self, view: &PickView<'_>, cands: &mut [Candidate]) -> Option<Decision> {
         let core = &self.core;
-        let text = view.req.info.routing_text.as_ref();
-        let prompt = text.map_or(0, |t| t.len() as u64) / core.bytes_per_token;
         let bound = (1.0 + core.load_epsilon) * mean_queue(cands) + core.load_slack;
         let est = Estimate {
-            prompt: prompt as f64,
-            block_tokens: core.block_tokens as f64,
+            prompt: view.prompt_tokens as f64,
+            max_held: cands.iter().map(|c| c.held).fold(0.0, f64::max),
             bound,
             any_within: cands.iter().any(|c| c.queue <= bound),
         };
@@ -92,7 +94,7 @@ impl PrefixPolicy {
         let mut hit: Option<(&Candidate, f64, u64)> = None;
         for c in cands
             .iter()
-            .filter(|c| c.depth > 0 && est.total(c) <= best + keep)
+            .filter(|c| c.held > 0.0 && est.total(c) <= best + keep)
         {
             let t = est.total(c);
             let w = rendezvous::weight(view.key, view.workers[c.i].id_hash);
@@ -102,7 +104,7 @@ impl PrefixPolicy {
             }
         }
         let (c, _, _) = hit?;
-        let reason = if c.depth == view.max_depth {
+        let reason = if c.held >= est.max_held {
             Reason::PrefixHit
         } else {
             Reason::SpillOverload
@@ -122,7 +124,7 @@ impl PrefixPolicy {
         est: &Estimate,
     ) -> Option<Decision> {
         let (workers, key) = (view.workers, view.key);
-        self.mark_room(workers, cands, view.n_blocks as u64);
+        self.mark_room(view, cands);
         // Cache space first (where the prefix will be reused), then load: within
         // the first tier that has candidates, the workers within two queued
         // requests of its least loaded, by rendezvous weight.
@@ -151,12 +153,11 @@ impl PrefixPolicy {
                 tracing::trace!(
                     worker = %workers[c.i].id, chosen = c.i == index, total = est.total(c),
                     queue = c.queue, footprint = c.footprint, room = c.room, fits = c.fits,
-                    cap = self.core.capacity_blocks(&workers[c.i]), n_blocks = view.n_blocks,
-                    "prefix placement"
+                    cap = c.capacity, precise = view.precise, "prefix placement"
                 );
             }
         }
-        let reason = if view.max_depth == 0 {
+        let reason = if est.max_held <= 0.0 {
             Reason::NewPrefix
         } else {
             Reason::SpillOverload
@@ -164,24 +165,24 @@ impl PrefixPolicy {
         Some(Decision::new(index, reason))
     }
 
-    /// Set each candidate's footprint, and whether `n` more blocks fit its cache
-    /// (`room`) and keep its footprint within the bound (`fits`).
-    fn mark_room(&self, workers: &[Arc<Worker>], cands: &mut [Candidate], n: u64) {
-        let core = &self.core;
-        let Some(ix) = &core.index else { return };
-        let fp = ix.footprints();
+    /// Set each candidate's footprint and capacity (the pick's index), and
+    /// whether the prefix fits its cache (`room`) and keeps its footprint within
+    /// the bound (`fits`).
+    fn mark_room(&self, view: &PickView<'_>, cands: &mut [Candidate]) {
+        let Some(n) = self.core.space(view, cands) else {
+            return;
+        };
         let (mut sum, mut min) = (0u64, u64::MAX);
-        for c in cands.iter_mut() {
-            c.footprint = fp.get(core.slots[c.i]);
-            sum += c.footprint;
+        for c in cands.iter() {
+            sum = sum.saturating_add(c.footprint);
             min = min.min(c.footprint);
         }
-        let limit = ((1.0 + core.load_epsilon) * (sum + n) as f64 / cands.len() as f64)
+        let eps = self.core.load_epsilon;
+        let limit = ((1.0 + eps) * sum.saturating_add(n) as f64 / cands.len() as f64)
             .max(min.saturating_add(n) as f64);
         for c in cands.iter_mut() {
-            let cap = ix.effective_capacity(core.capacity_blocks(&workers[c.i]));
-            c.room = c.footprint + n <= cap;
-            c.fits = (c.footprint + n) as f64 <= limit;
+            c.room = c.footprint.saturating_add(n) <= c.capacity;
+            c.fits = c.footprint.saturating_add(n) as f64 <= limit;
         }
     }
 }
@@ -214,5 +215,233 @@ impl Policy for PrefixPolicy {
 
     fn estimate_cost(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<f64> {
         self.core.estimate_cost(d, req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::inspect::Endpoint;
+    use crate::api::RequestInfo;
+    use crate::config::{self, PoolConfig, PrefixSource};
+    use crate::kv_events::{self, PoolKv, SlotState};
+    use crate::pool::stats::{now_ms, parse_metrics};
+    use crate::routing::build_for_test_with_kv;
+    use bytes::Bytes;
+
+    /// Engine blocks of 4 tokens, each engine's cache 64 of them.
+    const BLOCK: usize = 4;
+
+    fn pool(index: &str, kv_lines: &str) -> PoolConfig {
+        let workers: Vec<String> = (0..3)
+            .map(|i| {
+                format!(
+                    "{{ url = \"http://w{i}:80\", kv_events = \"tcp://127.0.0.1:{}\" }}",
+                    5000 + i
+                )
+            })
+            .collect();
+        let text = format!(
+            "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"prefix\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nindex = \"{index}\"\n[pools.kv_events]\nblock_size = {BLOCK}\n{kv_lines}\n",
+            workers.join(", ")
+        );
+        config::parse(&text)
+            .unwrap()
+            .validate()
+            .unwrap()
+            .pools
+            .remove(0)
+    }
+
+    /// The prefix policy of `pool(index)` over three idle workers whose engines
+    /// publish events, every one live in the precise index.
+    struct Fixture {
+        workers: Vec<Arc<Worker>>,
+        policy: PrefixPolicy,
+        kv: Arc<PoolKv>,
+        slots: Vec<u8>,
+    }
+
+    fn fixture(index: &str, kv_lines: &str) -> Fixture {
+        let pc = pool(index, kv_lines);
+        let kv = Arc::new(PoolKv::new(&pc).expect("workers publish events"));
+        let (workers, policy) = build_for_test_with_kv(&pc, Some(&kv), |ctx| {
+            for w in ctx.workers {
+                kv.index.claim(&w.id).unwrap();
+            }
+            PrefixPolicy::new(ctx)
+        });
+        let metrics = format!(
+            "vllm:num_requests_running 0\nvllm:cache_config_info{{block_size=\"{BLOCK}\",num_gpu_blocks=\"64\"}} 1\n"
+        );
+        let mut slots = Vec::new();
+        for w in &workers {
+            w.state.stats.store(&parse_metrics(&metrics), now_ms());
+            let slot = kv.index.slot_of(&w.id).unwrap();
+            kv.index.set_state(slot, SlotState::Live);
+            slots.push(slot);
+        }
+        Fixture {
+            workers,
+            policy,
+            kv,
+            slots,
+        }
+    }
+
+    struct Req {
+        info: RequestInfo,
+        body: Vec<u8>,
+    }
+
+    fn req(text: &str) -> Req {
+        let body =
+            serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+        Req {
+            info: RequestInfo {
+                routing_text: Some(Bytes::from(text.to_string())),
+                ..Default::default()
+            },
+            body: serde_json::to_vec(&body).unwrap(),
+        }
+    }
+
+    impl Fixture {
+        /// The precise index's keys of `r`'s prompt.
+        fn keys(&self, r: &Req) -> Vec<u64> {
+            let tokenizer = self.kv.tokenizer.as_ref().unwrap();
+            let tokens = tokenizer
+                .prompt_tokens(Endpoint::ChatCompletions, &r.body)
+                .unwrap();
+            kv_events::prompt_keys(&tokens, BLOCK)
+        }
+
+        /// Worker `w`'s engine reports holding `keys` in `tier`.
+        fn hold(&self, w: usize, keys: &[u64], tier: kv_events::wire::Tier) {
+            for &k in keys {
+                self.kv.index.insert(self.slots[w], k, tier);
+            }
+        }
+
+        /// Pick for `r`, record it; the decision, the predicted cached tokens
+        /// and whether the prediction was precise.
+        fn pick(&self, r: &Req) -> (Decision, Option<u64>, bool) {
+            let rr = RouteRequest::new(&r.info, None).with_body(Endpoint::ChatCompletions, &r.body);
+            let d = Policy::pick(&self.policy, &rr, &self.workers, &|_| true).unwrap();
+            let predicted = self.policy.predicted_cached_tokens(&d, &rr);
+            self.policy.record(&d, &rr, &self.workers);
+            (d, predicted, rr.predicted_precisely())
+        }
+    }
+
+    fn long(tag: &str) -> String {
+        (0..60)
+            .map(|i| format!("{tag}{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn the_precise_index_overrules_what_this_gateway_sent_where() {
+        // Decisions are not remembered as pending: only the events speak.
+        let f = fixture("auto", "pending_ttl_ms = 0");
+        let r = req(&long("evicted"));
+        // While one worker is still syncing, the approximate index decides.
+        f.kv.index.set_state(f.slots[1], SlotState::Syncing);
+        let (first, _, precise) = f.pick(&r);
+        assert_eq!((first.reason, precise), (Reason::NewPrefix, false));
+        f.kv.index.set_state(f.slots[1], SlotState::Live);
+        // The engine that got it evicted it; another one holds it (sent there
+        // directly, or by another gateway).
+        let other = (first.index + 1) % 3;
+        let keys = f.keys(&r);
+        f.hold(other, &keys, kv_events::wire::Tier::Gpu);
+        let (d, predicted, precise) = f.pick(&r);
+        assert_eq!((d.index, d.reason), (other, Reason::PrefixHit));
+        assert!(precise, "counted under mode=\"precise\"");
+        assert_eq!(predicted, Some((keys.len() * BLOCK) as u64));
+    }
+
+    #[test]
+    fn approximate_keeps_to_what_this_gateway_sent_where() {
+        let f = fixture("approximate", "");
+        let r = req(&long("stale"));
+        let (first, _, _) = f.pick(&r);
+        f.hold(
+            (first.index + 1) % 3,
+            &f.keys(&r),
+            kv_events::wire::Tier::Gpu,
+        );
+        let (d, predicted, precise) = f.pick(&r);
+        assert_eq!((d.index, d.reason), (first.index, Reason::PrefixHit));
+        assert!(!precise, "counted under mode=\"approximate\"");
+        assert!(predicted.unwrap() > 0);
+        assert_eq!(
+            pool("approximate", "").routing.index,
+            PrefixSource::Approximate
+        );
+    }
+
+    #[test]
+    fn a_gpu_copy_beats_an_offloaded_one() {
+        let f = fixture("auto", "");
+        let r = req(&long("tiers"));
+        let keys = f.keys(&r);
+        f.hold(0, &keys, kv_events::wire::Tier::Cpu);
+        f.hold(2, &keys, kv_events::wire::Tier::Gpu);
+        let (d, _, precise) = f.pick(&r);
+        assert_eq!((d.index, d.reason, precise), (2, Reason::PrefixHit, true));
+    }
+
+    /// Requests sharing a new prefix follow the first one before the engine's
+    /// events can tell (the decision is pending), and only for a while.
+    #[test]
+    fn a_prompt_just_sent_counts_as_held_until_its_events_can_tell() {
+        let f = fixture("auto", "pending_ttl_ms = 60000");
+        let r = req(&long("burst"));
+        let (first, _, _) = f.pick(&r);
+        assert_eq!(first.reason, Reason::NewPrefix);
+        for w in &f.workers {
+            w.state
+                .stats
+                .store(&parse_metrics("vllm:num_requests_running 0\n"), now_ms());
+        }
+        f.workers[first.index]
+            .state
+            .stats
+            .store(&parse_metrics("vllm:num_requests_running 1\n"), now_ms());
+        let (d, predicted, precise) = f.pick(&r);
+        assert_eq!(
+            (d.index, d.reason, precise),
+            (first.index, Reason::PrefixHit, true)
+        );
+        assert_eq!(predicted, Some((f.keys(&r).len() * BLOCK) as u64));
+        let later = now_ms() + 120_000;
+        let rr = RouteRequest::new(&r.info, None).with_body(Endpoint::ChatCompletions, &r.body);
+        let d = Policy::pick_at(
+            &f.policy,
+            &rr,
+            &f.workers,
+            &|_| true,
+            later,
+            &mut rand::thread_rng(),
+        );
+        assert_eq!(d.unwrap().reason, Reason::NewPrefix, "expired");
+    }
+
+    /// A new prefix goes where the engines' own events say there is room, the
+    /// same on every replica (no replica's own traffic enters into it).
+    #[test]
+    fn a_new_prefix_goes_where_the_engines_have_room() {
+        let f = fixture("auto", "pending_ttl_ms = 0");
+        // Blocks of other prompts (not even the chat template's opening).
+        let tokens: Vec<u32> = (100_000..100_240).collect();
+        let filler = kv_events::prompt_keys(&tokens, BLOCK);
+        f.hold(0, &filler[..60], kv_events::wire::Tier::Gpu);
+        f.hold(2, &filler[..60], kv_events::wire::Tier::Gpu);
+        for k in 0..8 {
+            let (d, _, precise) = f.pick(&req(&format!("new {k} {}", long("x"))));
+            assert_eq!((d.index, d.reason, precise), (1, Reason::NewPrefix, true));
+        }
     }
 }

@@ -34,6 +34,15 @@ where
     run(gw, req, Mode::Json).await
 }
 
+/// [`proxy`] as hyper's service future, built in one step: each async layer
+/// between hyper and [`run`] would move the whole request future once more.
+pub(super) async fn proxy_hyper(
+    gw: Arc<Gateway>,
+    req: http::Request<hyper::body::Incoming>,
+) -> Result<Response, std::convert::Infallible> {
+    Ok(run(gw, req, Mode::Json).await)
+}
+
 /// `GET`/`DELETE /v1/responses/{id}` and `/v1/responses/{id}/{cancel,input_items}`:
 /// sent to the worker that stored the response, named by its gateway-issued id.
 pub async fn stored_response(State(gw): State<Arc<Gateway>>, req: Request) -> Response {

@@ -56,6 +56,8 @@ pub struct Gateway {
     pub keys: Arc<crate::tenancy::keys::IssuedKeys>,
     /// Rate, concurrency and budget state (it outlives reloads).
     pub limits: crate::tenancy::limits::Limiter,
+    /// The engines' model lists, reused for a few seconds by `/v1/models`.
+    model_cards: models::CardCache,
     shutting_down: AtomicBool,
     reloader: arc_swap::ArcSwapOption<Reloader>,
     /// TLS of the client listener, when `server.tls` is set.
@@ -108,6 +110,7 @@ impl Gateway {
             tenancy,
             keys,
             limits,
+            model_cards: Default::default(),
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),
             tls,
@@ -238,7 +241,7 @@ impl GatewayService {
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {
             let gw = self.gw.clone();
-            Box::pin(async move { Ok(handlers::proxy(axum::extract::State(gw), req).await) })
+            Box::pin(handlers::proxy_hyper(gw, req))
         } else {
             Box::pin(self.app.call(req))
         }

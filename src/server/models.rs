@@ -1,28 +1,61 @@
 //! `GET /v1/models[/{id}]`: every name the gateway serves (pool models,
 //! aliases, LoRA adapters, split names) with the engines' metadata. One
 //! available worker per pool is asked for its `/v1/models` (concurrently,
-//! bounded in time); a pool whose worker does not answer is listed with bare
-//! cards and a warning. Aliases name their model as `parent`; adapters their
+//! bounded in time), and the lists are reused for 10 s; a pool whose worker
+//! does not answer is listed with bare cards and a warning (and asked again
+//! next time). Aliases name their model as `parent`; adapters their
 //! pool's base model.
 
 use super::Gateway;
 use crate::api::models::{ModelCard, ModelList};
 use crate::pool::discovery;
 use crate::routes::Snapshot;
+use crate::runtime::clock;
+use arc_swap::ArcSwapOption;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Longest wait for one worker's model list.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the engines' lists are reused: without it every `/v1/models` would
+/// reach one worker of every pool.
+const CACHE_TTL: Duration = Duration::from_secs(10);
+
+/// The last lists fetched, and when.
+#[derive(Default)]
+pub(super) struct CardCache(ArcSwapOption<(Instant, Fetched)>);
+
+impl CardCache {
+    /// The cached lists, if younger than [`CACHE_TTL`] and holding every pool
+    /// of `snap` that has a worker to ask.
+    fn fresh(&self, snap: &Snapshot) -> Option<Arc<(Instant, Fetched)>> {
+        let c = self.0.load_full()?;
+        let covers = snap
+            .pools
+            .iter()
+            .all(|p| c.1.contains_key(&*p.name) || !p.workers.iter().any(|w| w.is_available()));
+        (c.0.elapsed() < CACHE_TTL && covers).then_some(c)
+    }
+}
 
 /// Every served name, with metadata.
 pub async fn list(gw: &Gateway) -> ModelList {
     let snap = gw.routes.snapshot();
-    let fetched = fetch(gw, &snap).await;
+    let cached = match gw.model_cards.fresh(&snap) {
+        Some(c) => c,
+        None => {
+            let c = Arc::new((clock::now(), fetch(gw, &snap).await));
+            gw.model_cards.0.store(Some(c.clone()));
+            c
+        }
+    };
+    let fetched = &cached.1;
     ModelList::of(
         snap.model_names()
             .into_iter()
-            .map(|name| card(&snap, &fetched, name))
+            .map(|name| card(&snap, fetched, name))
             .collect(),
     )
 }

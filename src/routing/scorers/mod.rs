@@ -59,11 +59,17 @@ pub struct Candidate {
     pub precise: f64,
     /// Precise index: leading prompt blocks the worker holds in any tier.
     pub precise_blocks: u32,
+    /// Prompt tokens the worker is expected to hold cached, by the pick's index:
+    /// in precise mode its tier-weighted held blocks × the engine's block size,
+    /// otherwise `depth` × block tokens.
+    pub held: f64,
     /// The weighted score.
     pub score: f64,
-    /// Placing a prefix: blocks the index attributes to the worker; whether the
-    /// prefix fits its cache, and keeps its footprint within the bound.
+    /// Placing a prefix: blocks the index attributes to the worker and its cache
+    /// capacity in those blocks; whether the prefix fits its cache, and keeps its
+    /// footprint within the bound.
     pub footprint: u64,
+    pub capacity: u64,
     pub room: bool,
     pub fits: bool,
 }
@@ -86,8 +92,8 @@ pub struct PickView<'a> {
     pub max_precise: f64,
     /// The stable key that breaks ties (rendezvous hashing).
     pub key: u64,
-    /// The request's estimated prompt tokens, and tokens per prefix block (what
-    /// a candidate's `depth` saves).
+    /// The request's prompt tokens (exact in precise mode, else estimated from
+    /// its text), and tokens per prefix block (what a candidate's `depth` saves).
     pub prompt_tokens: u64,
     pub block_tokens: u64,
 }

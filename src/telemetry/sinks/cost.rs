@@ -83,8 +83,14 @@ pub fn price(
     pool: &str,
     tier: Option<&str>,
     tokens: cost::TokenCounts,
-    tokens_per_s: f64,
+    tokens_per_s: impl FnOnce() -> f64,
 ) -> f64 {
-    cost::find_price(prices, model, pool, tier)
-        .map_or(0.0, |p| cost::cost_usd(&p.rate, tokens, tokens_per_s))
+    // The worker's throughput is read only for a per-GPU-hour price.
+    cost::find_price(prices, model, pool, tier).map_or(0.0, |p| {
+        let tps = match p.rate {
+            crate::config::observability::PriceRate::GpuHour { .. } => tokens_per_s(),
+            _ => 0.0,
+        };
+        cost::cost_usd(&p.rate, tokens, tps)
+    })
 }

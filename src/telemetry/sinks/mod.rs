@@ -104,14 +104,13 @@ impl Sinks {
         requests::count_tokens(r, route, pair, toks);
         self.throughput
             .record(&route.worker, &route.pool, toks.processed(), m.ttft);
-        let tps = self.throughput.tokens_per_s(&route.worker);
         let usd = cost::price(
             r.prices,
             &pair.model,
             &route.pool,
             route.tier.as_deref(),
             toks,
-            tps,
+            || self.throughput.tokens_per_s(&route.worker),
         );
         let nano = self
             .costs
