@@ -3,11 +3,11 @@
 floor) against SGLang's and vLLM's Rust routers with their `cache_aware` policy,
 in front of the same engines, on the same shared-prefix workload.
 
-`switchyard-precise` is Switchyard's precise mode: `weighted` with `precise_prefix`
-(1.0) and `queue` (0.05), routing on the engines' own KV-cache events (the sims
-then publish them; the vLLM engines always do), with the engines' tokenizer and
-block size. Its gateway starts its runs only once every worker is live in its
-precise index.
+Switchyard's precise mode routes on the engines' own KV-cache events (the sims then
+publish them; the vLLM engines always do), with the engines' tokenizer and block
+size: `switchyard-precise` is the `prefix` policy reading them (`index = "precise"`),
+`switchyard-precise_prefix` the `weighted` mix of `precise_prefix` (1.0) and `queue`
+(0.05). Their gateways start a run only once every worker is live in the index.
 
     benches/routing_peers.sh                      # simulated fleet (switchyard sim)
     FLEET=vllm benches/routing_peers.sh           # the two real vLLM CPU engines
@@ -66,9 +66,10 @@ else:
     CONC = int(os.environ.get("CONC", "2"))
     PREFIX_WORDS = int(os.environ.get("PREFIX_WORDS", "520"))
 MAX_TOKENS = int(os.environ.get("MAX_TOKENS", "4"))
-PRECISE = "switchyard-precise"
+# Targets on the engines' KV-cache events: the `prefix` policy, the weighted mix.
+PRECISE, PRECISE_MIX = "switchyard-precise", "switchyard-precise_prefix"
 # The sims publish KV-cache events only when a target reads them.
-SIM_KV_EVENTS = PRECISE in TARGETS
+SIM_KV_EVENTS = PRECISE in TARGETS or PRECISE_MIX in TARGETS
 SEED = int(os.environ.get("SEED", "7"))
 
 
@@ -166,11 +167,12 @@ class VllmFleet:
 
 def switchyard_config(target: str, fleet) -> str:
     """The gateway's TOML: `switchyard-<policy>`, or the precise mode on the engines' events."""
-    precise = target == PRECISE
+    precise = target in (PRECISE, PRECISE_MIX)
     if precise:
         workers = ", ".join(f'{{ url = "{u}", kv_events = "{ev}", kv_replay = "{rp}" }}'
                             for u, (ev, rp) in zip(fleet.urls, fleet.kv))
-        policy = f'policy = "weighted"\ntokenizer = {fleet.tokenizer}'
+        kind = "prefix" if target == PRECISE else "weighted"
+        policy = f'policy = "{kind}"\ntokenizer = {fleet.tokenizer}'
     else:
         workers = ", ".join(f'{{ url = "{u}" }}' for u in fleet.urls)
         policy = f'policy = "{target.split("-", 1)[1]}"'
@@ -188,8 +190,9 @@ workers = [{workers}]
 stats_interval_ms = 250
 """
     if precise:
-        cfg += f"""scorers = [{{ name = "precise_prefix", weight = 1.0 }}, {{ name = "queue", weight = 0.05 }}]
-[pools.kv_events]
+        cfg += ('index = "precise"\n' if target == PRECISE else
+                'scorers = [{ name = "precise_prefix", weight = 1.0 }, { name = "queue", weight = 0.05 }]\n')
+        cfg += f"""[pools.kv_events]
 block_size = {fleet.block_size}
 topic = "kv-events"
 """
@@ -222,7 +225,7 @@ def start_router(target: str, fleet, tmp: Path, idx: int) -> tuple[str, subproce
             raise RuntimeError(f"switchyard did not start: {line!r} {(tmp / f'gw-{idx}.log').read_text()[-2000:]}")
         url = line.split("url=", 1)[1].split()[0]
         wait_http_ok(url + "/ready", 30, lambda: p.poll() is None, target)
-        if target == PRECISE:
+        if target in (PRECISE, PRECISE_MIX):
             wait_precise_live(url, len(fleet.urls), p)
         return url, p
     for peer in overhead.PEER_PACKAGES:
@@ -368,7 +371,7 @@ def plot(table, cfg, path: Path) -> None:
         return
     names = [t["target"].replace("-cache_aware", "\ncache_aware").replace("switchyard-", "switchyard\n")
              for t in table]
-    colors = ["#2b8a3e" if t["target"] in ("switchyard-prefix", PRECISE) else "#868e96" for t in table]
+    colors = ["#2b8a3e" if t["target"].startswith("switchyard-") else "#868e96" for t in table]
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
     for ax, (key, title, fmt) in zip(axes, [
         ("hit_ratio", "engine prefix-cache hit ratio\nhigher is better", "%.2f"),
