@@ -6,7 +6,9 @@
 #   FLEET=vllm benches/routing_peers.sh              # the two real vLLM CPU engines (tests/e2e)
 #   TARGETS=switchyard-prefix,sglang-router-cache_aware ROUNDS=5 benches/routing_peers.sh
 #
-# Targets: switchyard-<policy>, sglang-router-<policy>, vllm-router-<policy>.
+# Targets: switchyard-<policy>, switchyard-precise (`prefix` on the engines' KV-cache
+#   events), switchyard-precise_prefix (precise_prefix + queue on them),
+#   sglang-router-<policy>, vllm-router-<policy>.
 # Env (sim): ENGINES (4), PREFIXES (16), PER_GROUP (8), CONC (8), SIM_BLOCKS (280),
 #   TIME_SCALE (1); (vllm): PREFIXES (8), PER_GROUP (6), CONC (2); both: PREFIX_WORDS,
 #   MAX_TOKENS (4), SEED (7), ROUNDS (3), SWITCHYARD_BIN (needs the `prefix` policy).

@@ -57,6 +57,25 @@ scripts/sdk-tests.sh
 echo "== envoy + switchyard epp"
 timeout 300 .venv/bin/python tests/envoy/test_epp_envoy.py target/debug/switchyard .venv/bin/envoy
 
+# ---- Routing-quality benchmark's precise target, small ----
+# benches/routing_peers.py with `prefix` and the two precise targets on 4 sims
+# publishing KV events (one round, 16 requests each; seconds): the precise gateways
+# must route on the events (precise predictions only); every request must succeed.
+echo "== routing bench smoke (precise target)"
+OUT_DIR=bench-out/routing-smoke ROUNDS=1 \
+  TARGETS=switchyard-prefix,switchyard-precise,switchyard-precise_prefix \
+  PREFIXES=4 PER_GROUP=4 CONC=4 SWITCHYARD_BIN="$PWD/target/debug/switchyard" \
+  timeout 300 python3 benches/routing_peers.py >/dev/null
+python3 - bench-out/routing-smoke/routing-peers-sim.json <<'PY'
+import json, sys
+rows = {t["target"]: t["rounds"][0] for t in json.load(open(sys.argv[1]))["table"]}
+for t in ("switchyard-precise", "switchyard-precise_prefix"):
+    p = rows[t]
+    assert p.get("predicted_tokens_precise", 0) > 0 and "predicted_tokens_approximate" not in p, (t, p)
+    assert p["hit_ratio"] > 0, (t, p)
+assert rows["switchyard-prefix"].get("predicted_tokens_approximate", 0) > 0, rows
+PY
+
 # ---- Dashboard in a real browser ----
 # Debian's chromium driven by Playwright for Python (no browser download).
 echo "== dashboard browser test"
