@@ -20,12 +20,7 @@ fn pool(policy: &str, n: usize) -> PoolConfig {
         "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"{policy}\"\nworkers = [{}]\n",
         workers.join(", ")
     );
-    config::parse(&text)
-        .unwrap()
-        .validate()
-        .unwrap()
-        .pools
-        .remove(0)
+    config::first_pool(&text).unwrap()
 }
 
 /// An 8k-character chat body's `messages` text; `k` varies the system prompt.

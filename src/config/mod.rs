@@ -780,6 +780,16 @@ pub fn parse(text: &str) -> Result<RawConfig, ConfigError> {
     }
 }
 
+/// The first pool of a config given as TOML text, validated (for tests and
+/// benchmarks that build one pool's policy or route).
+pub fn first_pool(text: &str) -> Result<PoolConfig, ConfigError> {
+    let mut config = parse(text)?.validate()?;
+    if config.pools.is_empty() {
+        return Err(ConfigError::one("no [[pools]]"));
+    }
+    Ok(config.pools.remove(0))
+}
+
 /// Read a file into a raw config (see [`read`]).
 pub fn read_file(path: &Path) -> Result<Parsed, ConfigError> {
     let text = std::fs::read_to_string(path)

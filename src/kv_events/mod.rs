@@ -6,7 +6,8 @@
 //! replay endpoint, resync on start, restart and cache reset) and applies it
 //! (`apply.rs`) to its pool's [`KvIndex`] (`index.rs`): block key → the workers
 //! holding the block, by tier. The worker's stats poller reports the engine's
-//! process start time ([`EngineStart`], `restart.rs`) so a restart resyncs too. Routing looks a request's prompt tokens up there
+//! process start time ([`EngineStart`], `restart.rs`) so a restart resyncs too.
+//! Routing looks a request's prompt tokens up there
 //! (`routing/scorers/precise_prefix.rs`).
 //!
 //! Layering: fed by the pool (the registry starts a [`PoolKv`] per pool and syncs

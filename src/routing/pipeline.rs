@@ -787,12 +787,7 @@ mod tests {
         let text = format!(
             "[[pools]]\nname=\"p\"\nmodels=[\"m\"]\npolicy=\"{policy}\"\nworkers=[{{url=\"http://w0:80\",price_per_mtok=3.0,labels={{region=\"eu\"}}}},{{url=\"http://w1:80\",price_per_mtok=1.0}},{{url=\"http://w2:80\",price_per_mtok=1.0}},{{url=\"http://w3:80\",price_per_mtok=2.0,labels={{region=\"eu\"}}}}]\n[pools.routing]\n{extra}\n"
         );
-        config::parse(&text)
-            .unwrap()
-            .validate()
-            .unwrap()
-            .pools
-            .remove(0)
+        config::first_pool(&text).unwrap()
     }
 
     struct Fixture {

@@ -245,12 +245,7 @@ mod tests {
             "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"prefix\"\ntokenizer = \"sim\"\nworkers = [{}]\n[pools.routing]\nindex = \"{index}\"\n[pools.kv_events]\nblock_size = {BLOCK}\n{kv_lines}\n",
             workers.join(", ")
         );
-        config::parse(&text)
-            .unwrap()
-            .validate()
-            .unwrap()
-            .pools
-            .remove(0)
+        config::first_pool(&text).unwrap()
     }
 
     /// The prefix policy of `pool(index)` over three idle workers whose engines

@@ -47,12 +47,7 @@ fn pool(policy: &str, routing: &str) -> PoolConfig {
         "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"{policy}\"\nworkers = [{}]\n[pools.routing]\n{routing}\n",
         workers.join(", ")
     );
-    config::parse(&text)
-        .unwrap()
-        .validate()
-        .unwrap()
-        .pools
-        .remove(0)
+    config::first_pool(&text).unwrap()
 }
 
 /// One gateway's view of the pool: its workers, index and policy.

@@ -309,16 +309,15 @@ mod tests {
         h
     }
 
+    /// `t`'s tenant for a request with header `pairs` (every header looked up).
+    fn resolve(t: &Tenancy, pairs: &[(&str, &str)]) -> Result<Tenant, Refused> {
+        t.resolve(&headers(pairs), Own::ANY, &none())
+    }
+
     #[test]
     fn keys_map_to_tenants_and_unknown_keys_are_anonymous() {
         let t = tenancy(false);
-        let acme = t
-            .resolve(
-                &headers(&[("authorization", "Bearer sk-acme-123")]),
-                Own::ANY,
-                &none(),
-            )
-            .unwrap();
+        let acme = resolve(&t, &[("authorization", "Bearer sk-acme-123")]).unwrap();
         assert_eq!(&*acme.name, "acme");
         assert!(acme.authenticated);
         assert_eq!(acme.slo.ttft_ms, None);
@@ -330,23 +329,15 @@ mod tests {
             "the tenant's default objective"
         );
         assert_eq!(
-            &*t.resolve(
-                &headers(&[("authorization", "Bearer sk-globex-456")]),
-                Own::ANY,
-                &none()
-            )
-            .unwrap()
-            .name,
+            &*resolve(&t, &[("authorization", "Bearer sk-globex-456")])
+                .unwrap()
+                .name,
             "globex"
         );
         assert_eq!(
-            &*t.resolve(
-                &headers(&[("authorization", "Bearer sk-acme-12")]),
-                Own::ANY,
-                &none()
-            )
-            .unwrap()
-            .name,
+            &*resolve(&t, &[("authorization", "Bearer sk-acme-12")])
+                .unwrap()
+                .name,
             ANONYMOUS_TENANT
         );
         assert_eq!(
@@ -499,22 +490,10 @@ mod tests {
     #[test]
     fn allowed_models_match_exactly_or_by_glob() {
         let t = tenancy(false);
-        let acme = t
-            .resolve(
-                &headers(&[("authorization", "Bearer sk-acme-123")]),
-                Own::ANY,
-                &none(),
-            )
-            .unwrap();
+        let acme = resolve(&t, &[("authorization", "Bearer sk-acme-123")]).unwrap();
         assert!(acme.allows("m") && acme.allows("llama-3-8b") && acme.allows("llama--8b"));
         assert!(!acme.allows("m2") && !acme.allows("llama-3-70b"));
-        let globex = t
-            .resolve(
-                &headers(&[("x-api-key", "sk-globex-456")]),
-                Own::ANY,
-                &none(),
-            )
-            .unwrap();
+        let globex = resolve(&t, &[("x-api-key", "sk-globex-456")]).unwrap();
         assert!(globex.allows("anything"));
         assert!(glob("*", "") && glob("a*b*c", "aXbYc") && !glob("a*b", "ab-"));
     }
@@ -522,13 +501,7 @@ mod tests {
     #[test]
     fn keys_never_show_in_debug_output() {
         let t = tenancy(false);
-        let acme = t
-            .resolve(
-                &headers(&[("authorization", "Bearer sk-acme-123")]),
-                Own::ANY,
-                &none(),
-            )
-            .unwrap();
+        let acme = resolve(&t, &[("authorization", "Bearer sk-acme-123")]).unwrap();
         assert!(!format!("{acme:?}").contains("sk-acme-123"));
         assert!(acme.key_id.as_deref().unwrap().starts_with("cfg-"));
     }
