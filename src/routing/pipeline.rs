@@ -754,7 +754,7 @@ impl Pipeline {
                 names::KV_BLOCKS_SKIPPED_TOTAL,
                 names::L_POOL => p.pool.to_string(),
                 names::L_WORKER => w.id.to_string(),
-                "reason" => "pending_full"
+                names::L_REASON => "pending_full"
             )
             .increment(keys.len() as u64);
         }
