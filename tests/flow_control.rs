@@ -378,7 +378,7 @@ async fn caps_and_ttl_shed_with_retry_after() {
         "flow-shed",
         &[&s],
         "max_concurrency_per_worker = 1\nqueue_size = 1",
-        "[pools.flow_control]\nmax_queued_bytes = 4096\nttl_ms = { normal = 2000 }",
+        "[pools.flow_control]\nmax_queued_bytes = 4096\nttl_ms = { normal = 10000 }",
     )
     .await;
     let stream = blocker(&gw.url);
@@ -391,7 +391,8 @@ async fn caps_and_ttl_shed_with_retry_after() {
         "{err}"
     );
     assert_eq!(err["error"]["code"], "queue_full", "{err}");
-    // One waits (normal, 2 s TTL); the next finds the queue full.
+    // One waits (normal, 10 s TTL: long enough that the next request surely
+    // finds it still queued on a slow machine); the next finds the queue full.
     let waiting = {
         let url = gw.url.clone();
         tokio::spawn(async move { post(&url, &[], &body(4, 3, false)).await })
