@@ -86,8 +86,9 @@ struct Inner {
     bytes: u64,
     running: BTreeMap<u64, Running>,
     next_running: u64,
-    /// Who holds the turn (class, tag), if anyone.
-    turn: Option<(Priority, Tag)>,
+    /// Who holds the turn (class, tag, body bytes), if anyone. It is out of
+    /// `classes` but still waiting, so it counts against the caps.
+    turn: Option<(Priority, Tag, u64)>,
     /// A release came while the turn was out.
     again: bool,
 }
@@ -95,11 +96,18 @@ struct Inner {
 impl Inner {
     /// Take the turn back from `p` if it holds it; whether a release is owed.
     fn return_turn(&mut self, p: &Place<'_>) -> bool {
-        if self.turn != Some((p.prio, p.tag)) {
+        if self.turn != Some((p.prio, p.tag, p.bytes)) {
             return false;
         }
         self.turn = None;
         std::mem::take(&mut self.again)
+    }
+
+    /// Waiters held against the caps — queued, plus the one holding the turn —
+    /// and their body bytes.
+    fn held(&self) -> (usize, u64) {
+        let (n, b) = self.turn.map_or((0, 0), |(_, _, b)| (1, b));
+        (self.count + n, self.bytes + b)
     }
 }
 
@@ -225,9 +233,13 @@ impl FlowQueue {
     /// First wait: caps (shedding a lower class's newest waiter to make room),
     /// then a fair-queue tag.
     fn admit<'q>(&'q self, inner: &mut Inner, t: &Ticket<'_>) -> Result<Place<'q>, QueueError> {
-        while inner.count >= self.limits.max_count
-            || inner.bytes.saturating_add(t.bytes) > self.limits.max_bytes
-        {
+        loop {
+            let (count, bytes) = inner.held();
+            if count < self.limits.max_count
+                && bytes.saturating_add(t.bytes) <= self.limits.max_bytes
+            {
+                break;
+            }
             if !self.evict_below(inner, t.prio) {
                 self.count_shed(t.prio, QueueError::Full.reason());
                 return Err(QueueError::Full);
@@ -294,7 +306,7 @@ impl FlowQueue {
                 self.queued.fetch_sub(1, Ordering::Relaxed);
                 if e.tx.send(Grant::Go).is_ok() {
                     inner.wfq[class].served(tag);
-                    inner.turn = Some((Priority::ALL[class], tag));
+                    inner.turn = Some((Priority::ALL[class], tag, e.bytes));
                     drop(inner);
                     self.set_depth(Priority::ALL[class]);
                     return;

@@ -175,3 +175,34 @@ async fn a_waiter_preempts_once_and_only_lower_classes() {
     q.release();
     w.await.unwrap().unwrap();
 }
+
+/// A waiter granted the turn is still waiting: while it picks again, the count
+/// and byte caps still hold its place (the race `tests/flow_control.rs` hit).
+#[tokio::test(start_paused = true)]
+async fn the_waiter_holding_the_turn_still_counts_against_the_caps() {
+    let q = queue(1, 1 << 20, 10_000);
+    let t = ticket(Priority::Normal, "t", 10, 10);
+    let mut place = None;
+    let waiting = {
+        let q = q.clone();
+        tokio::spawn(async move {
+            let mut place = None;
+            q.wait(&ticket(Priority::Normal, "t", 10, 10), &mut place)
+                .await?;
+            // Holding the turn: a newcomer must find the queue full.
+            let newcomer = q
+                .wait(&ticket(Priority::Normal, "u", 10, 10), &mut None)
+                .await;
+            q.dispatched(place);
+            newcomer
+        })
+    };
+    while q.depth() == 0 {
+        tokio::task::yield_now().await;
+    }
+    q.release();
+    assert_eq!(waiting.await.unwrap(), Err(QueueError::Full));
+    // Once it left, there is room again.
+    let admitted = tokio::time::timeout(Duration::from_millis(1), q.wait(&t, &mut place)).await;
+    assert!(admitted.is_err(), "queued, not refused");
+}
