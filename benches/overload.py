@@ -22,7 +22,8 @@ least_queue) for its reference TTFT p99. Reported per policy: goodput (requests
 that met every objective of their class, per second of offered load), the
 quiet tenant's TTFT p99 against alone, attainment per class, shed share, and
 the median absolute TTFT prediction error (the access log's predicted_ttft_ms
-against ttft_ms, measured requests only).
+against ttft_ms, measured requests only). Each run's access log is kept as
+OUT_DIR/overload-POLICY.access.jsonl.
 
 Loopback only; every child is started here and killed by PID on exit.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -270,7 +272,10 @@ def run_policy(tmp: Path, policy: str, rate: float) -> dict:
     open_loop(base, rate, WARMUP, ("quiet", "noisy"), f"w{policy}", rng)
     res = open_loop(base, rate, DURATION, ("quiet", "noisy"), f"m{policy}", rng)
     time.sleep(1.0)  # let the access-log writer flush its last lines (no signal for it)
-    err, n_err = prediction_error(tmp / f"gw-{policy}.access.jsonl", f"m{policy}")
+    access = tmp / f"gw-{policy}.access.jsonl"
+    err, n_err = prediction_error(access, f"m{policy}")
+    if access.exists():  # kept for the per-request breakdown (queued_ms, dispatched_ms, ...)
+        shutil.copy(access, OUT_DIR / f"overload-{policy}.access.jsonl")
     overhead.cleanup()
     return summarize(policy, res, err, n_err)
 

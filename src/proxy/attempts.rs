@@ -238,7 +238,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
         let ticket = super::flow::ticket(self.ctx, self.prio, self.front);
         let waited = crate::runtime::clock::now();
         let r = Box::pin(q.wait(&ticket, &mut self.place)).await;
-        self.ctx.tags.add_waited(waited.elapsed());
+        self.ctx.tags.add_queued(waited.elapsed());
         self.turn = r.is_ok();
         r.map_err(|e| super::flow::queue_error(self.ctx, e))
     }

@@ -86,7 +86,7 @@ pub(super) async fn cold_start(
             break Ok(Some(route));
         }
     };
-    ctx.tags.add_waited(waited.elapsed());
+    ctx.tags.add_queued(waited.elapsed());
     r
 }
 
