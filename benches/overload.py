@@ -67,6 +67,8 @@ TIGHT_TTFT_MS = int(os.environ.get("TIGHT_TTFT_MS", "800"))
 TIGHT_TPOT_MS = int(os.environ.get("TIGHT_TPOT_MS", "150"))
 LAX_TTFT_MS = int(os.environ.get("LAX_TTFT_MS", "8000"))
 SEED = int(os.environ.get("SEED", "7"))
+# `[pools.flow_control].hold_for_faster` of the `+flow` runs (unset: the default).
+HOLD_FOR_FASTER = os.environ.get("HOLD_FOR_FASTER", "")
 OUT_DIR = Path(os.environ.get("OUT_DIR", str(ROOT / "bench-out")))
 MODEL = "sim-llama-8b"
 CLASSES = {"tight": (TIGHT_TTFT_MS, TIGHT_TPOT_MS), "lax": (LAX_TTFT_MS, None)}
@@ -98,7 +100,9 @@ def start_sim(tmp: Path, name: str, profile: str) -> str:
 def start_gateway(tmp: Path, name: str, policy: str, urls: list[str]) -> str:
     policy, _, flow = policy.partition("+")
     shed = "shed" if policy == "slo" else "downgrade"
-    flow_lines = f"max_concurrency_per_worker = {MAX_SEQS}\n[pools.flow_control]\n" if flow else ""
+    flow_lines = (f"max_concurrency_per_worker = {MAX_SEQS}\n[pools.flow_control]\n"
+                  + (f"hold_for_faster = {HOLD_FOR_FASTER}\n" if HOLD_FOR_FASTER else "")
+                  if flow else "")
     workers = ", ".join(f'{{ url = "{u}" }}' for u in urls)
     cfg = tmp / f"{name}.toml"
     cfg.write_text(f"""
@@ -199,7 +203,7 @@ def open_loop(base: str, rate: float, seconds: float, tenants: tuple[str, ...], 
         tenant = rng.choice(tenants)
         cls = rng.choice(("tight", "lax"))
         text = prompt(rng, tenant)
-        rid = f"{tag}-{i}"
+        rid = f"{tag}-{i}-{tenant}-{cls}"
         i += 1
 
         def run(t=tenant, c=cls, x=text, r=rid):

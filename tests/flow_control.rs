@@ -506,3 +506,104 @@ async fn a_pool_with_no_ready_worker_waits_for_one_and_asks_for_a_replica() {
     assert_eq!(added.requests_received(), 1);
     assert_eq!(first.requests_received(), 0);
 }
+
+/// An L4-profile engine serving this file's model at a quarter of its speed:
+/// much slower to a first token than [`sim`] (a 220 ms step against 10 ms).
+async fn slow_sim() -> SimHandle {
+    let cfg = switchyard::sim::SimConfig {
+        time_scale: 0.25,
+        model: MODEL.into(),
+        ..switchyard::sim::SimConfig::profile("llama-8b-l4").unwrap()
+    };
+    switchyard::sim::spawn(cfg).await.expect("sim starts")
+}
+
+/// Teach the latency model of every worker in `sims`: short streams, one at a
+/// time (round robin spreads them), until each worker's prediction is exported.
+async fn learn(url: &str, sims: &[&SimHandle]) {
+    for i in 0..60 {
+        let m = scrape(url).await;
+        let known = |s: &SimHandle| {
+            metric_sum(
+                &m,
+                "switchyard_predicted_ttft_seconds",
+                &[("worker", &s.url())],
+            ) > 0.0
+        };
+        if sims.iter().all(|s| known(s)) {
+            return;
+        }
+        let (status, _, _) = post(url, &[], &body(4, 2, true)).await;
+        assert_eq!(status, 200, "warm-up request {i}");
+    }
+    panic!("the latency models did not learn within 60 requests");
+}
+
+#[tokio::test]
+async fn a_held_request_that_can_no_longer_meet_its_objective_is_shed_while_it_waits() {
+    let s = sim().await;
+    // A class TTL of ten minutes: only the objective can end the wait early.
+    let gw = serve(
+        "flow-slo",
+        &[&s],
+        "max_concurrency_per_worker = 1",
+        "[pools.flow_control]\nttl_ms = { normal = 600000 }\n\
+         [pools.routing]\nslo_unattainable = \"shed\"",
+    )
+    .await;
+    learn(&gw.url, &[&s]).await;
+    let before = s.requests_received();
+    let stream = blocker(&gw.url);
+    received(&s, before + 1).await;
+    // Attainable when it arrives (the engine answers in tens of ms), so it is
+    // held; once the time it has waited plus the best prediction passes 1.5 s it
+    // is shed, while the slot is still taken.
+    let (status, h, err) = post(&gw.url, &[("x-slo-ttft-ms", "1500")], &body(4, 3, true)).await;
+    assert_eq!((status, h.contains_key("retry-after")), (503, true), "{err}");
+    assert_eq!(err["error"]["code"], "slo_unattainable", "{err}");
+    assert!(!stream.is_finished(), "shed while the slot was still taken");
+    let m = scrape(&gw.url).await;
+    let shed = metric_sum(
+        &m,
+        "switchyard_flow_shed_total",
+        &[("pool", "p"), ("class", "normal"), ("reason", "slo")],
+    );
+    assert_eq!(shed, 1.0, "left the queue for its objective, not its TTL");
+    assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "it was held first");
+    // An objective no worker is predicted to meet even after no wait is shed
+    // without queueing.
+    let (status, _, err) = post(&gw.url, &[("x-slo-ttft-ms", "1")], &body(4, 3, true)).await;
+    assert_eq!((status, err["error"]["code"].as_str()), (503, Some("slo_unattainable")));
+    let m = scrape(&gw.url).await;
+    assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "not queued");
+    stream.abort();
+}
+
+#[tokio::test]
+async fn a_request_holds_out_for_a_much_faster_worker_then_takes_the_slow_one() {
+    let (fast, slow) = (sim().await, slow_sim().await);
+    let gw = serve(
+        "flow-faster",
+        &[&fast, &slow],
+        "max_concurrency_per_worker = 1",
+        "[pools.routing]\nstats_interval_ms = 50\n[pools.flow_control]\nhold_for_faster = 2.0",
+    )
+    .await;
+    learn(&gw.url, &[&fast, &slow]).await;
+    // Both idle: the stream goes to the fast worker (the slow one is passed over).
+    let (f0, s0) = (fast.requests_received(), slow.requests_received());
+    let stream = blocker(&gw.url);
+    received(&fast, f0 + 1).await;
+    assert_eq!(slow.requests_received(), s0);
+    // The fast worker is taken and the slow one idle: the request waits in the
+    // queue rather than go to the slow worker at once, then — the fast one still
+    // busy — takes the slow one once it has waited as long as that costs extra.
+    let (status, _, _) = post(&gw.url, &[], &body(4, 2, true)).await;
+    assert_eq!(status, 200);
+    assert!(!stream.is_finished(), "the fast worker was still busy");
+    assert_eq!(slow.requests_received(), s0 + 1, "served by the slow worker");
+    let m = scrape(&gw.url).await;
+    assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "held first");
+    assert_eq!(flow_counter(&m, "normal", "dispatched"), 1.0);
+    stream.abort();
+}
