@@ -35,8 +35,10 @@ async fn serve(name: &str, sims: &[&SimHandle], pool_lines: &str, tail: &str) ->
         .collect();
     let toml = format!(
         "[tenancy]\ntrust_tenant_header = true\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"FLOW_TEST_ADMIN_TOKEN\"\n\
-         [[pools]]\nname = \"p\"\nmodels = [\"{MODEL}\"]\npolicy = \"round_robin\"\n\
+         [[pools]]\nname = \"p\"\nmodels = [\"{MODEL}\"]\n{}\n\
          {pool_lines}\nworkers = [{}]\n{tail}\n",
+        // Round robin unless the pool's lines name a policy.
+        if pool_lines.contains("policy =") { "" } else { "policy = \"round_robin\"" },
         workers.join(", ")
     );
     let file = support::config_file(name, &toml);
@@ -519,24 +521,20 @@ async fn slow_sim() -> SimHandle {
 }
 
 /// Teach the latency model of every worker in `sims`: short streams, one at a
-/// time (round robin spreads them), until each worker's prediction is exported.
+/// time, round robin (where the pool lets a request name its policy), until
+/// each worker has answered enough of them for its model to speak.
 async fn learn(url: &str, sims: &[&SimHandle]) {
+    let need = switchyard::pool::predict::MIN_SAMPLES;
+    let start: Vec<u64> = sims.iter().map(|s| s.requests_received()).collect();
     for i in 0..60 {
-        let m = scrape(url).await;
-        let known = |s: &SimHandle| {
-            metric_sum(
-                &m,
-                "switchyard_predicted_ttft_seconds",
-                &[("worker", &s.url())],
-            ) > 0.0
-        };
-        if sims.iter().all(|s| known(s)) {
+        if sims.iter().zip(&start).all(|(s, n)| s.requests_received() >= n + need) {
             return;
         }
-        let (status, _, _) = post(url, &[], &body(4, 2, true)).await;
+        let rr = [("x-switchyard-policy", "round_robin")];
+        let (status, _, _) = post(url, &rr, &body(4, 2, true)).await;
         assert_eq!(status, 200, "warm-up request {i}");
     }
-    panic!("the latency models did not learn within 60 requests");
+    panic!("the workers did not answer {need} warm-up requests each within 60");
 }
 
 #[tokio::test]
@@ -580,30 +578,50 @@ async fn a_held_request_that_can_no_longer_meet_its_objective_is_shed_while_it_w
 }
 
 #[tokio::test]
-async fn a_request_holds_out_for_a_much_faster_worker_then_takes_the_slow_one() {
+async fn a_short_request_holds_out_for_a_much_faster_worker_and_a_long_one_does_not() {
     let (fast, slow) = (sim().await, slow_sim().await);
     let gw = serve(
         "flow-faster",
         &[&fast, &slow],
-        "max_concurrency_per_worker = 1",
-        "[pools.routing]\nstats_interval_ms = 50\n[pools.flow_control]\nhold_for_faster = 2.0",
+        "policy = \"slo\"\nmax_concurrency_per_worker = 1",
+        "[pools.routing]\nstats_interval_ms = 50\nallow_policy_override = true\n\
+         [pools.flow_control]\nhold_for_faster = 2.0",
     )
     .await;
     learn(&gw.url, &[&fast, &slow]).await;
-    // Both idle: the stream goes to the fast worker (the slow one is passed over).
+    // Both idle: the long stream goes to the fast worker.
     let (f0, s0) = (fast.requests_received(), slow.requests_received());
     let stream = blocker(&gw.url);
     received(&fast, f0 + 1).await;
     assert_eq!(slow.requests_received(), s0);
-    // The fast worker is taken and the slow one idle: the request waits in the
-    // queue rather than go to the slow worker at once, then — the fast one still
-    // busy — takes the slow one once it has waited as long as that costs extra.
+    // The fast worker is taken for a long while by its model's reckoning (its
+    // answer is to be 2000 tokens), so a fast slot is not expected before the
+    // slow worker would answer: 300 tokens to go there at once.
+    let long = {
+        let url = gw.url.clone();
+        tokio::spawn(async move { post(&url, &[], &body(4, 300, true)).await.0 })
+    };
+    received(&slow, s0 + 1).await;
+    let m = scrape(&gw.url).await;
+    assert_eq!(flow_counter(&m, "normal", "queued"), 0.0, "not held");
+    long.abort();
+    let slow_url = slow.url();
+    eventually(Duration::from_secs(20), "the slow worker freed", || async {
+        let m = scrape(&gw.url).await;
+        (metric_sum(&m, "switchyard_worker_in_flight", &[("worker", &slow_url)]) == 0.0)
+            .then_some(())
+    })
+    .await;
+    // A short answer, though: each fast slot's turn is expected to come round
+    // well before the slow worker's first token, so it waits in the queue with
+    // the slow worker idle — until it has waited as long as that worker would
+    // cost it extra, and takes it (the fast one still busy).
     let (status, _, _) = post(&gw.url, &[], &body(4, 2, true)).await;
     assert_eq!(status, 200);
-    assert!(!stream.is_finished(), "the fast worker was still busy");
-    assert_eq!(slow.requests_received(), s0 + 1, "served by the slow worker");
     let m = scrape(&gw.url).await;
     assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "held first");
     assert_eq!(flow_counter(&m, "normal", "dispatched"), 1.0);
+    assert!(!stream.is_finished(), "the fast worker was still busy");
+    assert_eq!(slow.requests_received(), s0 + 2, "then served by the slow worker");
     stream.abort();
 }

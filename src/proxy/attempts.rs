@@ -276,13 +276,9 @@ impl<'c, 'a> Attempts<'c, 'a> {
             .map(|(_, p)| slots * 1e3 / (p.ttft_ms + p.tpot_ms.unwrap_or(0.0) * out).max(1.0))
             .sum();
         let wait = saturation::expected_wait_ms(q.ahead(&self.place), per_s);
-        let ratio = flow.hold_for_faster;
-        slow.extend(
-            preds
-                .iter()
-                .filter(|(_, p)| saturation::holds_for_faster(ratio, p.ttft_ms, best, wait))
-                .map(|p| p.0),
-        );
+        let (ratio, waited) = (flow.hold_for_faster, self.rreq.elapsed_ms);
+        let holds = |ms: f64| saturation::holds_for_faster(ratio, ms, best, wait, waited);
+        slow.extend(preds.iter().filter(|(_, p)| holds(p.ttft_ms)).map(|p| p.0));
         slow
     }
 

@@ -368,7 +368,6 @@ impl FlowQueue {
             inner.bytes -= e.bytes;
             self.queued.fetch_sub(1, Ordering::Relaxed);
             if e.tx.send(Grant::Go).is_ok() {
-                inner.wfq[class].served(tag);
                 inner.turn = Some((Priority::ALL[class], tag, e.bytes));
                 return true;
             }
@@ -385,6 +384,9 @@ impl FlowQueue {
             histogram!(names::QUEUE_WAIT_SECONDS, names::L_POOL => self.pool.clone(),
                 names::L_CLASS => p.prio.as_str())
             .record(p.started.elapsed().as_secs_f64());
+            // Virtual time follows the requests that leave with a worker, not
+            // every turn given (a turn may be handed down the queue and declined).
+            self.inner.lock().wfq[p.prio as usize].served(p.tag);
             // Dropping the place returns the turn; pass it on (maybe more room).
             drop(p);
             self.release();

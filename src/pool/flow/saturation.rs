@@ -37,9 +37,18 @@ pub fn limits(cfg: &PoolConfig) -> bool {
 /// that expectation (the waiters ahead of it, and itself, over the rate at
 /// which the fast workers free slots). So a request near the head of the queue
 /// — the fair queue puts small requests there — holds out for a fast worker,
-/// and one deep in the queue takes the slow worker now. `ratio` 0: off.
-pub fn holds_for_faster(ratio: f64, predicted_ms: f64, best_ms: f64, wait_ms: f64) -> bool {
-    ratio > 0.0 && predicted_ms > ratio * best_ms && wait_ms + best_ms < predicted_ms
+/// and one deep in the queue takes the slow worker now. However wrong the
+/// expectation, a request stops holding out once it has waited (`waited_ms`)
+/// as long as the slow worker would cost it extra. `ratio` 0: off.
+pub fn holds_for_faster(
+    ratio: f64,
+    predicted_ms: f64,
+    best_ms: f64,
+    wait_ms: f64,
+    waited_ms: f64,
+) -> bool {
+    let extra = predicted_ms - best_ms;
+    ratio > 0.0 && predicted_ms > ratio * best_ms && wait_ms < extra && waited_ms < extra
 }
 
 /// The expected wait (ms) for one of the slots freed at `per_s` a second when
@@ -62,12 +71,15 @@ mod tests {
         let wait = |ahead| expected_wait_ms(ahead, 10.0);
         assert_eq!(wait(0), 100.0);
         // 1500 ms against 300 ms: held while the fast slot comes within 1200 ms.
-        assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(0)));
-        assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(10)));
-        assert!(!holds_for_faster(2.0, 1500.0, 300.0, wait(11)), "deep in the queue");
+        assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(0), 0.0));
+        assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(10), 0.0));
+        assert!(!holds_for_faster(2.0, 1500.0, 300.0, wait(12), 0.0), "deep in the queue");
+        // ... and while it has waited less than those 1200 ms.
+        assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(0), 1199.0));
+        assert!(!holds_for_faster(2.0, 1500.0, 300.0, wait(0), 1200.0));
         // Within the ratio (or off, or no fast slot ever frees): taken at once.
-        assert!(!holds_for_faster(2.0, 500.0, 300.0, wait(0)));
-        assert!(!holds_for_faster(0.0, 1500.0, 300.0, wait(0)));
-        assert!(!holds_for_faster(2.0, 1500.0, 300.0, expected_wait_ms(0, 0.0)));
+        assert!(!holds_for_faster(2.0, 500.0, 300.0, wait(0), 0.0));
+        assert!(!holds_for_faster(0.0, 1500.0, 300.0, wait(0), 0.0));
+        assert!(!holds_for_faster(2.0, 1500.0, 300.0, expected_wait_ms(0, 0.0), 0.0));
     }
 }
