@@ -22,8 +22,12 @@ least_queue) for its reference TTFT p99. Reported per policy: goodput (requests
 that met every objective of their class, per second of offered load), the
 quiet tenant's TTFT p99 against alone, attainment per class, shed share, and
 the median absolute TTFT prediction error (the access log's predicted_ttft_ms
-against ttft_ms, measured requests only). Each run's access log is kept as
-OUT_DIR/overload-POLICY.access.jsonl.
+against ttft_ms, measured requests only). `NAME+flow` runs add the gateway's
+flow control (MAX_SEQS in flight per engine, `[pools.flow_control]` with
+`hold_for_faster = HOLD_FOR_FASTER` when set, else its default). Each run's
+access log is kept as OUT_DIR/overload-POLICY.access.jsonl; request ids are
+`TAG-N-TENANT-CLASS`, so its queued_ms / dispatched_ms / ttft_ms split per
+tenant and class.
 
 Loopback only; every child is started here and killed by PID on exit.
 """

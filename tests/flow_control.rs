@@ -527,7 +527,11 @@ async fn learn(url: &str, sims: &[&SimHandle]) {
     let need = switchyard::pool::predict::MIN_SAMPLES;
     let start: Vec<u64> = sims.iter().map(|s| s.requests_received()).collect();
     for i in 0..60 {
-        if sims.iter().zip(&start).all(|(s, n)| s.requests_received() >= n + need) {
+        if sims
+            .iter()
+            .zip(&start)
+            .all(|(s, n)| s.requests_received() >= n + need)
+        {
             return;
         }
         let rr = [("x-switchyard-policy", "round_robin")];
@@ -557,7 +561,11 @@ async fn a_held_request_that_can_no_longer_meet_its_objective_is_shed_while_it_w
     // held; once the time it has waited plus the best prediction passes 1.5 s it
     // is shed, while the slot is still taken.
     let (status, h, err) = post(&gw.url, &[("x-slo-ttft-ms", "1500")], &body(4, 3, true)).await;
-    assert_eq!((status, h.contains_key("retry-after")), (503, true), "{err}");
+    assert_eq!(
+        (status, h.contains_key("retry-after")),
+        (503, true),
+        "{err}"
+    );
     assert_eq!(err["error"]["code"], "slo_unattainable", "{err}");
     assert!(!stream.is_finished(), "shed while the slot was still taken");
     let m = scrape(&gw.url).await;
@@ -567,11 +575,18 @@ async fn a_held_request_that_can_no_longer_meet_its_objective_is_shed_while_it_w
         &[("pool", "p"), ("class", "normal"), ("reason", "slo")],
     );
     assert_eq!(shed, 1.0, "left the queue for its objective, not its TTL");
-    assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "it was held first");
+    assert_eq!(
+        flow_counter(&m, "normal", "queued"),
+        1.0,
+        "it was held first"
+    );
     // An objective no worker is predicted to meet even after no wait is shed
     // without queueing.
     let (status, _, err) = post(&gw.url, &[("x-slo-ttft-ms", "1")], &body(4, 3, true)).await;
-    assert_eq!((status, err["error"]["code"].as_str()), (503, Some("slo_unattainable")));
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (503, Some("slo_unattainable"))
+    );
     let m = scrape(&gw.url).await;
     assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "not queued");
     stream.abort();
@@ -622,6 +637,10 @@ async fn a_short_request_holds_out_for_a_much_faster_worker_and_a_long_one_does_
     assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "held first");
     assert_eq!(flow_counter(&m, "normal", "dispatched"), 1.0);
     assert!(!stream.is_finished(), "the fast worker was still busy");
-    assert_eq!(slow.requests_received(), s0 + 2, "then served by the slow worker");
+    assert_eq!(
+        slow.requests_received(),
+        s0 + 2,
+        "then served by the slow worker"
+    );
     stream.abort();
 }

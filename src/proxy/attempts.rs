@@ -262,11 +262,21 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 None => return slow, // a worker without a model: no judgement
             }
         }
-        let best = preds.iter().map(|p| p.1.ttft_ms).fold(f64::INFINITY, f64::min);
+        let best = preds
+            .iter()
+            .map(|p| p.1.ttft_ms)
+            .fold(f64::INFINITY, f64::min);
         let fast_ms = flow.hold_for_faster * best;
+        if preds.iter().all(|(_, p)| p.ttft_ms <= fast_ms) {
+            return slow; // nobody much slower: no need to look at the queue
+        }
         // How fast the fast workers free slots: each holds a request for about
         // its TTFT plus the expected output at its time per token.
-        let out = self.ctx.info.max_tokens.unwrap_or(flow.expected_output_tokens) as f64;
+        let out = self
+            .ctx
+            .info
+            .max_tokens
+            .unwrap_or(flow.expected_output_tokens) as f64;
         let slots = (route.pool.config.max_concurrency_per_worker)
             .max(flow.max_running.unwrap_or(0))
             .max(1) as f64;

@@ -193,7 +193,10 @@ impl FlowQueue {
     pub fn ahead(&self, place: &Option<Place<'_>>) -> usize {
         let Some(p) = place else { return 0 };
         let inner = self.inner.lock();
-        let higher: usize = inner.classes[..p.prio as usize].iter().map(BTreeMap::len).sum();
+        let higher: usize = inner.classes[..p.prio as usize]
+            .iter()
+            .map(BTreeMap::len)
+            .sum();
         higher + inner.classes[p.prio as usize].range(..p.tag).count()
     }
 
@@ -230,7 +233,12 @@ impl FlowQueue {
             inner.bytes += p.bytes;
             self.queued.fetch_add(1, Ordering::Relaxed);
             let passed = ticket.declined.then_some(p.tag);
-            (p.started + self.limits.ttl[p.prio as usize], p.prio, owed, passed)
+            (
+                p.started + self.limits.ttl[p.prio as usize],
+                p.prio,
+                owed,
+                passed,
+            )
         };
         self.set_depth(prio);
         match passed {
@@ -362,7 +370,11 @@ impl FlowQueue {
     fn grant_first(&self, inner: &mut Inner, class: usize, after: Option<Tag>) -> bool {
         use std::ops::Bound::{Excluded, Unbounded};
         let from = after.map_or(Unbounded, Excluded);
-        while let Some(tag) = inner.classes[class].range((from, Unbounded)).next().map(|(t, _)| *t) {
+        while let Some(tag) = inner.classes[class]
+            .range((from, Unbounded))
+            .next()
+            .map(|(t, _)| *t)
+        {
             let e = inner.classes[class].remove(&tag).expect("just seen");
             inner.count -= 1;
             inner.bytes -= e.bytes;

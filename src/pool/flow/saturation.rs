@@ -63,7 +63,7 @@ pub fn expected_wait_ms(ahead: usize, per_s: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::holds_for_faster;
+    use super::{expected_wait_ms, holds_for_faster};
 
     #[test]
     fn a_much_slower_worker_is_passed_over_while_a_fast_slot_comes_sooner() {
@@ -73,13 +73,22 @@ mod tests {
         // 1500 ms against 300 ms: held while the fast slot comes within 1200 ms.
         assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(0), 0.0));
         assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(10), 0.0));
-        assert!(!holds_for_faster(2.0, 1500.0, 300.0, wait(12), 0.0), "deep in the queue");
+        assert!(
+            !holds_for_faster(2.0, 1500.0, 300.0, wait(12), 0.0),
+            "deep in the queue"
+        );
         // ... and while it has waited less than those 1200 ms.
         assert!(holds_for_faster(2.0, 1500.0, 300.0, wait(0), 1199.0));
         assert!(!holds_for_faster(2.0, 1500.0, 300.0, wait(0), 1200.0));
         // Within the ratio (or off, or no fast slot ever frees): taken at once.
         assert!(!holds_for_faster(2.0, 500.0, 300.0, wait(0), 0.0));
         assert!(!holds_for_faster(0.0, 1500.0, 300.0, wait(0), 0.0));
-        assert!(!holds_for_faster(2.0, 1500.0, 300.0, expected_wait_ms(0, 0.0), 0.0));
+        assert!(!holds_for_faster(
+            2.0,
+            1500.0,
+            300.0,
+            expected_wait_ms(0, 0.0),
+            0.0
+        ));
     }
 }

@@ -38,7 +38,8 @@ fn waiter(
     let (q, order) = (q.clone(), order.clone());
     tokio::spawn(async move {
         let mut place = None;
-        q.wait(&ticket(prio, flow, cost, 10), &mut place, None).await?;
+        q.wait(&ticket(prio, flow, cost, 10), &mut place, None)
+            .await?;
         order.lock().push(name);
         q.dispatched(place);
         Ok(())
@@ -87,7 +88,8 @@ async fn caps_refuse_or_shed_a_lower_class_and_ttl_expires() {
     // Full: another low is refused; a high one sheds the low waiter.
     let mut place = None;
     assert_eq!(
-        q.wait(&ticket(Priority::Low, "t", 1, 1), &mut place, None).await,
+        q.wait(&ticket(Priority::Low, "t", 1, 1), &mut place, None)
+            .await,
         Err(QueueError::Full)
     );
     let high = waiter(&q, &order, "high", Priority::High, "t", 1);
@@ -192,7 +194,7 @@ async fn the_waiter_holding_the_turn_still_counts_against_the_caps() {
                 .await?;
             // Holding the turn: a newcomer must find the queue full.
             let newcomer = q
-                .wait(&ticket(Priority::Normal, "u", 10, 10), &mut None)
+                .wait(&ticket(Priority::Normal, "u", 10, 10), &mut None, None)
                 .await;
             q.dispatched(place);
             newcomer
@@ -204,7 +206,8 @@ async fn the_waiter_holding_the_turn_still_counts_against_the_caps() {
     q.release();
     assert_eq!(waiting.await.unwrap(), Err(QueueError::Full));
     // Once it left, there is room again.
-    let admitted = tokio::time::timeout(Duration::from_millis(1), q.wait(&t, &mut place)).await;
+    let admitted =
+        tokio::time::timeout(Duration::from_millis(1), q.wait(&t, &mut place, None)).await;
     assert!(admitted.is_err(), "queued, not refused");
 }
 
@@ -218,7 +221,11 @@ async fn a_waiter_leaves_at_its_own_deadline_before_the_class_ttl() {
         .wait(&ticket(Priority::Normal, "t", 1, 1), &mut place, Some(by))
         .await;
     assert_eq!(r, Err(QueueError::Objective));
-    assert_eq!(t0.elapsed(), Duration::from_millis(300), "left at its deadline");
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_millis(300),
+        "left at its deadline"
+    );
     assert!(place.is_none() && q.depth() == 0, "and left the queue");
     // A deadline after the TTL changes nothing: the TTL ends the wait.
     let late = crate::runtime::clock::now() + Duration::from_secs(60);
