@@ -156,6 +156,9 @@ pub struct RouteRequest<'a> {
     prompt_keys: OnceLock<Option<(Vec<u64>, u64)>>,
     /// The last cache prediction came from the precise index.
     precise: std::sync::atomic::AtomicBool,
+    /// Time since the request arrived (ms) when this pick runs — the wait in the
+    /// gateway's queue counts against a TTFT objective.
+    pub elapsed_ms: f64,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -168,6 +171,7 @@ impl<'a> RouteRequest<'a> {
             blocks: OnceLock::new(),
             prompt_keys: OnceLock::new(),
             precise: Default::default(),
+            elapsed_ms: 0.0,
         }
     }
 
