@@ -71,6 +71,8 @@ PRECISE, PRECISE_MIX = "switchyard-precise", "switchyard-precise_prefix"
 # The sims publish KV-cache events only when a target reads them.
 SIM_KV_EVENTS = PRECISE in TARGETS or PRECISE_MIX in TARGETS
 SEED = int(os.environ.get("SEED", "7"))
+# How often a Switchyard gateway scrapes each engine's /metrics (its load signals).
+STATS_INTERVAL_MS = int(os.environ.get("STATS_INTERVAL_MS", "250"))
 
 
 def log(msg: str) -> None:
@@ -187,7 +189,7 @@ models = ["{fleet.model}"]
 {policy}
 workers = [{workers}]
 [pools.routing]
-stats_interval_ms = 250
+stats_interval_ms = {STATS_INTERVAL_MS}
 """
     if precise:
         cfg += ('index = "precise"\n' if target == PRECISE else
@@ -321,7 +323,7 @@ def run(fleet, tmp: Path) -> int:
                                           capture_output=True, text=True).stdout.strip()
     cfg = {"fleet": FLEET, "engines": ENGINES, "groups": GROUPS, "per_group": PER_GROUP,
            "conc": CONC, "prefix_words": PREFIX_WORDS, "max_tokens": MAX_TOKENS, "rounds": ROUNDS,
-           "seed": SEED}
+           "seed": SEED, "stats_interval_ms": STATS_INTERVAL_MS}
     if FLEET == "sim":
         cfg.update(sim_blocks=SIM_BLOCKS, time_scale=TIME_SCALE)
     md = render(table, versions, cfg)

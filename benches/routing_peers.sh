@@ -11,7 +11,8 @@
 #   sglang-router-<policy>, vllm-router-<policy>.
 # Env (sim): ENGINES (4), PREFIXES (16), PER_GROUP (8), CONC (8), SIM_BLOCKS (280),
 #   TIME_SCALE (1); (vllm): PREFIXES (8), PER_GROUP (6), CONC (2); both: PREFIX_WORDS,
-#   MAX_TOKENS (4), SEED (7), ROUNDS (3), SWITCHYARD_BIN (needs the `prefix` policy).
+#   MAX_TOKENS (4), SEED (7), ROUNDS (3), STATS_INTERVAL_MS (250: the gateways' engine
+#   scrapes), SWITCHYARD_BIN (needs the `prefix` policy).
 # Output: bench-out/routing-peers-<fleet>.{md,json,png}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
