@@ -13,8 +13,10 @@
 //! and removals (`apply.rs`).
 //!
 //! Holders are one bit per worker slot per tier (three `u64` masks), so a pool's
-//! precise index covers up to [`MAX_WORKERS`] workers and a lookup walks the
-//! prompt's blocks once, ANDing masks, until no worker holds the next block.
+//! precise index covers up to [`MAX_WORKERS`] workers. A lookup reads the masks
+//! of a few of the prompt's blocks, not all: engines hold prefix-closed sets, so
+//! each worker's depth is found by galloping and bisecting (`search.rs`), and a
+//! sample of lookups is checked against the full walk (`check.rs`).
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
@@ -23,7 +25,9 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::check::Checks;
 use super::pending::Pending;
+use super::search;
 use super::wire::Tier;
 
 /// Workers a pool's precise index can tell apart (one bit each).
@@ -119,11 +123,18 @@ pub struct KvIndex {
     gpu: [AtomicU64; MAX_WORKERS],
     /// Blocks just sent to a worker, not yet confirmed by its events.
     pending: Pending,
+    /// Lookups checked against the full walk.
+    checks: Checks,
     block_size: usize,
 }
 
 impl KvIndex {
     pub fn new(block_size: usize) -> KvIndex {
+        KvIndex::for_pool("", block_size)
+    }
+
+    /// The index of pool `pool` (the label of its lookup-check metric).
+    pub fn for_pool(pool: &str, block_size: usize) -> KvIndex {
         KvIndex {
             map: DashMap::default(),
             slots: Mutex::new(Vec::new()),
@@ -131,6 +142,7 @@ impl KvIndex {
             pairs: AtomicU64::new(0),
             gpu: std::array::from_fn(|_| AtomicU64::new(0)),
             pending: Pending::default(),
+            checks: Checks::new(pool),
             block_size: block_size.max(1),
         }
     }
@@ -273,6 +285,11 @@ impl KvIndex {
         self.pairs.load(Ordering::Relaxed)
     }
 
+    /// Sampled lookups whose search differed from the full walk.
+    pub fn lookup_mismatches(&self) -> u64 {
+        self.checks.mismatches()
+    }
+
     /// Distinct block keys held by anyone.
     pub fn keys(&self) -> usize {
         self.map.len()
@@ -300,38 +317,37 @@ impl KvIndex {
         self.pending.insert(slot, keys, now, until)
     }
 
+    /// Runs [`search::search`]; every [`CHECK_EVERY`](super::CHECK_EVERY)th
+    /// lookup also runs the full walk and counts a disagreement (holdings that
+    /// are not prefix-closed), answering with the walk's depths.
     #[inline]
     fn lookup_with(&self, keys: &[u64], out: &mut Depths, pending: impl Fn(u64) -> u64) {
-        *out = [[0; 3]; MAX_WORKERS];
-        let mut alive = [u64::MAX; 3];
-        let mut done = keys.len();
-        for (i, k) in keys.iter().enumerate() {
-            let mut h = self.map.get(k).map_or([0; 3], |e| e.0);
-            h[0] |= pending(*k);
-            let cum = [h[0], h[0] | h[1], h[0] | h[1] | h[2]];
-            for t in 0..3 {
-                let next = alive[t] & cum[t];
-                let mut dropped = alive[t] & !next;
-                while dropped != 0 {
-                    out[dropped.trailing_zeros() as usize][t] = i as u32;
-                    dropped &= dropped - 1;
-                }
-                alive[t] = next;
-            }
-            if alive[2] == 0 {
-                done = i;
-                break;
+        let probe = |i: usize| self.masks(keys[i], &pending);
+        search::search(keys.len(), probe, out);
+        if self.checks.due() {
+            let mut exact: Depths = [[0; 3]; MAX_WORKERS];
+            search::walk(keys.len(), probe, &mut exact);
+            if exact != *out {
+                self.checks.mismatch(keys.len());
+                *out = exact;
             }
         }
-        if done == keys.len() {
-            for (t, &a) in alive.iter().enumerate() {
-                let mut m = a;
-                while m != 0 {
-                    out[m.trailing_zeros() as usize][t] = keys.len() as u32;
-                    m &= m - 1;
-                }
-            }
-        }
+    }
+
+    /// The cumulative holders of `key` (`[gpu, gpu|cpu, any]`), its pending
+    /// marks counted as GPU.
+    #[inline]
+    fn masks(&self, key: u64, pending: impl Fn(u64) -> u64) -> search::Masks {
+        let mut h = self.map.get(&key).map_or([0; 3], |e| e.0);
+        h[0] |= pending(key);
+        [h[0], h[0] | h[1], h[0] | h[1] | h[2]]
+    }
+
+    /// [`KvIndex::lookup_at`] by the full walk, to test the search against.
+    #[cfg(test)]
+    fn walk_at(&self, keys: &[u64], out: &mut Depths, now: u64) {
+        let probe = |i: usize| self.masks(keys[i], |k| self.pending.mask(k, now));
+        search::walk(keys.len(), probe, out);
     }
 }
 
@@ -427,5 +443,99 @@ mod tests {
         ix.set_state(3, SlotState::Live);
         assert!(ix.covers(&[Some(3)]));
         assert!(!ix.covers(&[Some(3), None]));
+    }
+
+    /// A worker's holdings: `[gpu, gpu+cpu, any]` depths, realised as blocks
+    /// on the GPU, then the CPU, then disk (some GPU blocks with a CPU copy),
+    /// and a pending mark over the first `pending` blocks, live or expired.
+    #[derive(Debug, Clone)]
+    struct Holding {
+        depths: [usize; 3],
+        copies: usize,
+        pending: usize,
+        live: bool,
+    }
+
+    fn holding(n: usize) -> impl Strategy<Value = Holding> {
+        let d = prop_oneof![Just(0), 0..=n + 2, 0..4usize];
+        (d.clone(), d.clone(), d.clone(), d, any::<bool>()).prop_map(|(a, b, c, pending, live)| {
+            let mut depths = [a, b, c];
+            depths.sort_unstable();
+            let copies = depths[0] / 2;
+            Holding {
+                depths,
+                copies,
+                pending,
+                live,
+            }
+        })
+    }
+
+    fn holdings() -> impl Strategy<Value = (usize, Vec<Holding>)> {
+        (1usize..200, 1usize..=MAX_WORKERS)
+            .prop_flat_map(|(n, w)| (Just(n), proptest::collection::vec(holding(n), w)))
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn lookup_at_equals_the_full_walk_on_prefix_closed_holdings((n, hs) in holdings()) {
+            let ix = KvIndex::new(4);
+            let keys = prompt_keys(&(0..(n as u32 + 3) * 4).collect::<Vec<_>>(), 4);
+            let now = 1_000;
+            for (w, h) in hs.iter().enumerate() {
+                let slot = ix.claim(&Arc::from(format!("w{w}"))).unwrap();
+                let tiers = [Tier::Gpu, Tier::Cpu, Tier::Disk];
+                let mut from = 0;
+                for (t, &to) in tiers.iter().zip(&h.depths) {
+                    for &k in &keys[from..to] {
+                        ix.insert(slot, k, *t);
+                    }
+                    from = to;
+                }
+                for &k in &keys[..h.copies] {
+                    ix.insert(slot, k, Tier::Cpu);
+                }
+                let until = if h.live { now + 10 } else { now - 1 };
+                ix.note_pending(slot, &keys[..h.pending], now - 5, until);
+            }
+            let keys = &keys[..n];
+            let (mut got, mut want) = ([[0; 3]; MAX_WORKERS], [[0; 3]; MAX_WORKERS]);
+            for _ in 0..2 {
+                ix.lookup_at(keys, &mut got, now);
+                ix.walk_at(keys, &mut want, now);
+                prop_assert_eq!(got, want);
+            }
+            prop_assert_eq!(ix.lookup_mismatches(), 0, "the sampled check agreed");
+        }
+    }
+
+    #[test]
+    fn a_hole_is_caught_by_the_sampled_check() {
+        let (ix, s) = index_with(&["a"]);
+        let k = prompt_keys(&(0..64).collect::<Vec<_>>(), 4);
+        for &key in &k[..10] {
+            ix.insert(s[0], key, Tier::Gpu);
+        }
+        ix.remove(s[0], k[5], Tier::Gpu); // held past a block it lacks
+        let mut d = [[0; 3]; MAX_WORKERS];
+        ix.lookup(&k, &mut d);
+        assert_eq!(
+            (d[0], ix.lookup_mismatches()),
+            ([5; 3], 1),
+            "checked: the walk's answer"
+        );
+        for _ in 1..crate::kv_events::CHECK_EVERY {
+            ix.lookup(&k, &mut d);
+        }
+        assert_eq!(
+            (d[0], ix.lookup_mismatches()),
+            ([10; 3], 1),
+            "unchecked: the search misses the hole"
+        );
+        ix.lookup(&k, &mut d);
+        assert_eq!((d[0], ix.lookup_mismatches()), ([5; 3], 2));
     }
 }
