@@ -54,6 +54,11 @@ impl Checks {
         }
     }
 
+    /// Lookups so far.
+    pub(super) fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
     /// Checked lookups that disagreed so far.
     pub(super) fn mismatches(&self) -> u64 {
         self.mismatches.load(Ordering::Relaxed)

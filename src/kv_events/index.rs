@@ -285,6 +285,11 @@ impl KvIndex {
         self.pairs.load(Ordering::Relaxed)
     }
 
+    /// Lookups so far.
+    pub fn lookups(&self) -> u64 {
+        self.checks.lookups()
+    }
+
     /// Sampled lookups whose search differed from the full walk.
     pub fn lookup_mismatches(&self) -> u64 {
         self.checks.mismatches()
