@@ -18,7 +18,7 @@
 //! each worker's depth is found by galloping and bisecting (`search.rs`), and a
 //! sample of lookups is checked against the full walk (`check.rs`).
 
-use dashmap::DashMap;
+use papaya::{Compute, HashMap, LocalGuard, Operation};
 use parking_lot::Mutex;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -92,6 +92,9 @@ pub type Depths = [[u32; 3]; MAX_WORKERS];
 #[derive(Clone, Copy, Default)]
 struct Holders([u64; 3]);
 
+/// The map, pinned for reading.
+type Map<'a> = papaya::HashMapRef<'a, u64, Holders, BuildHasherDefault<KeyHasher>, LocalGuard<'a>>;
+
 /// Keys are already hashes: the map uses them as they are.
 #[derive(Default)]
 pub(super) struct KeyHasher(u64);
@@ -112,7 +115,9 @@ impl Hasher for KeyHasher {
 
 /// One pool's precise index (see the module docs).
 pub struct KvIndex {
-    map: DashMap<u64, Holders, BuildHasherDefault<KeyHasher>>,
+    /// Lock-free reads (a lookup pins once, then probes without a lock or an
+    /// atomic write); writers replace an entry's holders by compare-and-swap.
+    map: HashMap<u64, Holders, BuildHasherDefault<KeyHasher>>,
     /// Slot → worker id; taken when a subscriber starts.
     slots: Mutex<Vec<Option<Arc<str>>>>,
     states: [AtomicU8; MAX_WORKERS],
@@ -136,7 +141,7 @@ impl KvIndex {
     /// The index of pool `pool` (the label of its lookup-check metric).
     pub fn for_pool(pool: &str, block_size: usize) -> KvIndex {
         KvIndex {
-            map: DashMap::default(),
+            map: HashMap::with_hasher(BuildHasherDefault::default()),
             slots: Mutex::new(Vec::new()),
             states: std::array::from_fn(|_| AtomicU8::new(0)),
             pairs: AtomicU64::new(0),
@@ -223,10 +228,12 @@ impl KvIndex {
     pub fn insert(&self, slot: u8, key: u64, tier: Tier) -> bool {
         let bit = 1u64 << slot;
         self.pending.confirm(slot, key);
-        let mut e = self.map.entry(key).or_default();
-        let m = &mut e.0[tier as usize];
-        let new = *m & bit == 0;
-        *m |= bit;
+        let new = self
+            .change(key, |mut h| {
+                h[tier as usize] |= bit;
+                h
+            })
+            .is_some();
         if new {
             self.pairs.fetch_add(1, Ordering::Relaxed);
             if tier == Tier::Gpu {
@@ -239,13 +246,12 @@ impl KvIndex {
     /// Record that `slot` no longer holds `key` in `tier`; whether it did.
     pub fn remove(&self, slot: u8, key: u64, tier: Tier) -> bool {
         let bit = 1u64 << slot;
-        let mut had = false;
-        self.map.remove_if_mut(&key, |_, h| {
-            let m = &mut h.0[tier as usize];
-            had = *m & bit != 0;
-            *m &= !bit;
-            h.0 == [0; 3]
-        });
+        let had = self
+            .change(key, |mut h| {
+                h[tier as usize] &= !bit;
+                h
+            })
+            .is_some();
         if had {
             self.pairs.fetch_sub(1, Ordering::Relaxed);
             if tier == Tier::Gpu {
@@ -259,17 +265,40 @@ impl KvIndex {
     /// record of them): a scan of the whole map, on a cold path.
     pub fn clear_slot(&self, slot: u8) {
         let bit = 1u64 << slot;
+        let keys: Vec<u64> = {
+            let map = self.map.pin();
+            let held = map.iter().filter(|(_, h)| h.0.iter().any(|m| m & bit != 0));
+            held.map(|(k, _)| *k).collect()
+        };
         let mut gone = 0u64;
-        self.map.retain(|_, h| {
-            for m in h.0.iter_mut() {
-                gone += u64::from(*m & bit != 0);
-                *m &= !bit;
+        for k in keys {
+            if let Some(old) = self.change(k, |h| h.map(|m| m & !bit)) {
+                gone += old.iter().map(|m| u64::from(m & bit != 0)).sum::<u64>();
             }
-            h.0 != [0; 3]
-        });
+        }
         self.pairs.fetch_sub(gone, Ordering::Relaxed);
         if let Some(g) = self.gpu.get(slot as usize) {
             g.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Replace `key`'s holders `h` (none: zeros) by `f(h)`, atomically against
+    /// other writers, dropping the entry when nobody is left; the holders
+    /// before, when that changed them (`None`: `f` changed nothing).
+    fn change(&self, key: u64, f: impl Fn([u64; 3]) -> [u64; 3]) -> Option<[u64; 3]> {
+        let map = self.map.pin();
+        let r = map.compute(key, |e| {
+            let old = e.map_or([0; 3], |(_, h)| h.0);
+            match f(old) {
+                new if new == old => Operation::Abort(()),
+                [0, 0, 0] => Operation::Remove,
+                new => Operation::Insert(Holders(new)),
+            }
+        });
+        match r {
+            Compute::Inserted(..) => Some([0; 3]),
+            Compute::Updated { old: (_, h), .. } | Compute::Removed(_, h) => Some(h.0),
+            Compute::Aborted(()) => None,
         }
     }
 
@@ -327,7 +356,8 @@ impl KvIndex {
     /// are not prefix-closed), answering with the walk's depths.
     #[inline]
     fn lookup_with(&self, keys: &[u64], out: &mut Depths, pending: impl Fn(u64) -> u64) {
-        let probe = |i: usize| self.masks(keys[i], &pending);
+        let map = self.map.pin();
+        let probe = |i: usize| self.masks(&map, keys[i], &pending);
         search::search(keys.len(), probe, out);
         if self.checks.due() {
             let mut exact: Depths = [[0; 3]; MAX_WORKERS];
@@ -342,8 +372,8 @@ impl KvIndex {
     /// The cumulative holders of `key` (`[gpu, gpu|cpu, any]`), its pending
     /// marks counted as GPU.
     #[inline]
-    fn masks(&self, key: u64, pending: impl Fn(u64) -> u64) -> search::Masks {
-        let mut h = self.map.get(&key).map_or([0; 3], |e| e.0);
+    fn masks(&self, map: &Map<'_>, key: u64, pending: impl Fn(u64) -> u64) -> search::Masks {
+        let mut h = map.get(&key).map_or([0; 3], |e| e.0);
         h[0] |= pending(key);
         [h[0], h[0] | h[1], h[0] | h[1] | h[2]]
     }
@@ -351,7 +381,8 @@ impl KvIndex {
     /// [`KvIndex::lookup_at`] by the full walk, to test the search against.
     #[cfg(test)]
     fn walk_at(&self, keys: &[u64], out: &mut Depths, now: u64) {
-        let probe = |i: usize| self.masks(keys[i], |k| self.pending.mask(k, now));
+        let map = self.map.pin();
+        let probe = |i: usize| self.masks(&map, keys[i], |k| self.pending.mask(k, now));
         search::walk(keys.len(), probe, out);
     }
 }
