@@ -574,4 +574,36 @@ mod tests {
         ix.lookup(&k, &mut d);
         assert_eq!((d[0], ix.lookup_mismatches()), ([5; 3], 2));
     }
+
+    #[test]
+    fn concurrent_writers_on_the_same_keys_lose_nothing() {
+        let (ix, s) = index_with(&["a", "b", "c", "d"]);
+        let k = prompt_keys(&(0..4096).collect::<Vec<_>>(), 4);
+        std::thread::scope(|scope| {
+            for &slot in &s {
+                let (ix, k) = (&ix, &k);
+                scope.spawn(move || {
+                    for &key in k {
+                        ix.insert(slot, key, Tier::Gpu);
+                        ix.insert(slot, key, Tier::Cpu);
+                    }
+                    // Half of them freed again, racing the others' inserts.
+                    for &key in &k[k.len() / 2..] {
+                        ix.remove(slot, key, Tier::Gpu);
+                        ix.remove(slot, key, Tier::Cpu);
+                    }
+                });
+            }
+        });
+        let half = (k.len() / 2) as u64;
+        assert_eq!((ix.pairs(), ix.keys()), (half * 8, half as usize));
+        let mut d = [[0; 3]; MAX_WORKERS];
+        ix.lookup(&k, &mut d);
+        for &slot in &s {
+            assert_eq!(d[slot as usize], [half as u32; 3]);
+            assert_eq!(ix.gpu_blocks(slot), half);
+        }
+        ix.clear_slot(s[0]);
+        assert_eq!((ix.pairs(), ix.gpu_blocks(s[0])), (half * 6, 0));
+    }
 }
