@@ -2,7 +2,8 @@
 //! events (BlockStored chained by parent, then BlockRemoved) on one core, and
 //! looking up a 32k-token prompt (2,048 blocks of 16 tokens) with 64 workers
 //! holding it to various depths (1/64 … 64/64 of it, with and without hashing
-//! the prompt's tokens; a few hundred blocks; the first 4 blocks only).
+//! the prompt's tokens, and again among 256k other keys; a few hundred blocks;
+//! the first 4 blocks only).
 //! Run: `cargo bench --bench kv_index`.
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -109,6 +110,15 @@ fn lookup(c: &mut Criterion) {
             let k = prompt_keys(black_box(&tokens), BS);
             ix.lookup(&k, &mut out)
         })
+    });
+    // The same prompt in a full index: 64 workers x 4,096 other blocks, so the
+    // probes miss the CPU caches as they would in a busy pool.
+    for j in 0..(MAX_WORKERS * 4096) as u64 {
+        let key = j.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5;
+        ix.insert((j % MAX_WORKERS as u64) as u8, key, Tier::Gpu);
+    }
+    g.bench_function("lookup_32k_tokens_64_workers_full_index", |b| {
+        b.iter(|| ix.lookup(black_box(&keys), &mut out))
     });
     // What a busy pool looks like: a shared system prompt of 64 blocks held by
     // all, then conversations held a few hundred blocks deep (64–575, a few
