@@ -22,7 +22,12 @@ least_queue) for its reference TTFT p99. Reported per policy: goodput (requests
 that met every objective of their class, per second of offered load), the
 quiet tenant's TTFT p99 against alone, attainment per class, shed share, and
 the median absolute TTFT prediction error (the access log's predicted_ttft_ms
-against ttft_ms, measured requests only).
+against ttft_ms, measured requests only). `NAME+flow` runs add the gateway's
+flow control (MAX_SEQS in flight per engine, `[pools.flow_control]` with
+`hold_for_faster = HOLD_FOR_FASTER` when set, else its default). Each run's
+access log is kept as OUT_DIR/overload-POLICY.access.jsonl; request ids are
+`TAG-N-TENANT-CLASS`, so its queued_ms / dispatched_ms / ttft_ms split per
+tenant and class.
 
 Loopback only; every child is started here and killed by PID on exit.
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -65,6 +71,8 @@ TIGHT_TTFT_MS = int(os.environ.get("TIGHT_TTFT_MS", "800"))
 TIGHT_TPOT_MS = int(os.environ.get("TIGHT_TPOT_MS", "150"))
 LAX_TTFT_MS = int(os.environ.get("LAX_TTFT_MS", "8000"))
 SEED = int(os.environ.get("SEED", "7"))
+# `[pools.flow_control].hold_for_faster` of the `+flow` runs (unset: the default).
+HOLD_FOR_FASTER = os.environ.get("HOLD_FOR_FASTER", "")
 OUT_DIR = Path(os.environ.get("OUT_DIR", str(ROOT / "bench-out")))
 MODEL = "sim-llama-8b"
 CLASSES = {"tight": (TIGHT_TTFT_MS, TIGHT_TPOT_MS), "lax": (LAX_TTFT_MS, None)}
@@ -96,7 +104,9 @@ def start_sim(tmp: Path, name: str, profile: str) -> str:
 def start_gateway(tmp: Path, name: str, policy: str, urls: list[str]) -> str:
     policy, _, flow = policy.partition("+")
     shed = "shed" if policy == "slo" else "downgrade"
-    flow_lines = f"max_concurrency_per_worker = {MAX_SEQS}\n[pools.flow_control]\n" if flow else ""
+    flow_lines = (f"max_concurrency_per_worker = {MAX_SEQS}\n[pools.flow_control]\n"
+                  + (f"hold_for_faster = {HOLD_FOR_FASTER}\n" if HOLD_FOR_FASTER else "")
+                  if flow else "")
     workers = ", ".join(f'{{ url = "{u}" }}' for u in urls)
     cfg = tmp / f"{name}.toml"
     cfg.write_text(f"""
@@ -197,7 +207,7 @@ def open_loop(base: str, rate: float, seconds: float, tenants: tuple[str, ...], 
         tenant = rng.choice(tenants)
         cls = rng.choice(("tight", "lax"))
         text = prompt(rng, tenant)
-        rid = f"{tag}-{i}"
+        rid = f"{tag}-{i}-{tenant}-{cls}"
         i += 1
 
         def run(t=tenant, c=cls, x=text, r=rid):
@@ -270,7 +280,10 @@ def run_policy(tmp: Path, policy: str, rate: float) -> dict:
     open_loop(base, rate, WARMUP, ("quiet", "noisy"), f"w{policy}", rng)
     res = open_loop(base, rate, DURATION, ("quiet", "noisy"), f"m{policy}", rng)
     time.sleep(1.0)  # let the access-log writer flush its last lines (no signal for it)
-    err, n_err = prediction_error(tmp / f"gw-{policy}.access.jsonl", f"m{policy}")
+    access = tmp / f"gw-{policy}.access.jsonl"
+    err, n_err = prediction_error(access, f"m{policy}")
+    if access.exists():  # kept for the per-request breakdown (queued_ms, dispatched_ms, ...)
+        shutil.copy(access, OUT_DIR / f"overload-{policy}.access.jsonl")
     overhead.cleanup()
     return summarize(policy, res, err, n_err)
 

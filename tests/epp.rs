@@ -465,3 +465,45 @@ async fn grpc_health_reports_liveness_and_readiness() {
         .await;
     assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
 }
+
+/// Answers observed through the picker teach the worker's latency model, as
+/// proxied ones do: after its first samples, its predictions are exported.
+#[tokio::test]
+async fn observed_answers_teach_the_workers_latency_model() {
+    let sims = sims(1, 8.0).await;
+    let epp = epp(&urls(&sims), 0, "").await;
+    let sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+    let mut served = String::new();
+    for i in 0..12 {
+        let mut s = Stream::open(&epp).await;
+        s.send(post(), Some(BodySendMode::FullDuplexStreamed)).await;
+        s.send(body(&chat_body(&sim_model(), &format!("q{i}")), true), None)
+            .await;
+        served = destination(&s.next().await).expect("destination");
+        s.next().await; // the body, passed on
+        let ok = headers(
+            &[(":status", "200"), ("content-type", "text/event-stream")],
+            false,
+        );
+        s.send_served(ok.into_response(), &served).await;
+        s.next().await;
+        s.send(
+            Request::ResponseBody(HttpBody {
+                body: sse.to_vec(),
+                end_of_stream: true,
+                ..Default::default()
+            }),
+            None,
+        )
+        .await;
+        s.next().await;
+    }
+    let text = scrape(&epp.http).await;
+    let worker = format!("http://{served}");
+    let predicted = metric_sum(
+        &text,
+        "switchyard_predicted_ttft_seconds_count",
+        &[("worker", worker.as_str())],
+    );
+    assert!(predicted >= 1.0, "no predictions for {worker}:\n{text}");
+}

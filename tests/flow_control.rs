@@ -35,8 +35,10 @@ async fn serve(name: &str, sims: &[&SimHandle], pool_lines: &str, tail: &str) ->
         .collect();
     let toml = format!(
         "[tenancy]\ntrust_tenant_header = true\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"FLOW_TEST_ADMIN_TOKEN\"\n\
-         [[pools]]\nname = \"p\"\nmodels = [\"{MODEL}\"]\npolicy = \"round_robin\"\n\
+         [[pools]]\nname = \"p\"\nmodels = [\"{MODEL}\"]\n{}\n\
          {pool_lines}\nworkers = [{}]\n{tail}\n",
+        // Round robin unless the pool's lines name a policy.
+        if pool_lines.contains("policy =") { "" } else { "policy = \"round_robin\"" },
         workers.join(", ")
     );
     let file = support::config_file(name, &toml);
@@ -505,4 +507,140 @@ async fn a_pool_with_no_ready_worker_waits_for_one_and_asks_for_a_replica() {
     assert_eq!(held.await.unwrap(), 200);
     assert_eq!(added.requests_received(), 1);
     assert_eq!(first.requests_received(), 0);
+}
+
+/// An L4-profile engine serving this file's model at a quarter of its speed:
+/// much slower to a first token than [`sim`] (a 220 ms step against 10 ms).
+async fn slow_sim() -> SimHandle {
+    let cfg = switchyard::sim::SimConfig {
+        time_scale: 0.25,
+        model: MODEL.into(),
+        ..switchyard::sim::SimConfig::profile("llama-8b-l4").unwrap()
+    };
+    switchyard::sim::spawn(cfg).await.expect("sim starts")
+}
+
+/// Teach the latency model of every worker in `sims`: short streams, one at a
+/// time, round robin (where the pool lets a request name its policy), until
+/// each worker has answered enough of them for its model to speak.
+async fn learn(url: &str, sims: &[&SimHandle]) {
+    let need = switchyard::pool::predict::MIN_SAMPLES;
+    let start: Vec<u64> = sims.iter().map(|s| s.requests_received()).collect();
+    for i in 0..60 {
+        if sims
+            .iter()
+            .zip(&start)
+            .all(|(s, n)| s.requests_received() >= n + need)
+        {
+            return;
+        }
+        let rr = [("x-switchyard-policy", "round_robin")];
+        let (status, _, _) = post(url, &rr, &body(4, 2, true)).await;
+        assert_eq!(status, 200, "warm-up request {i}");
+    }
+    panic!("the workers did not answer {need} warm-up requests each within 60");
+}
+
+#[tokio::test]
+async fn a_held_request_that_can_no_longer_meet_its_objective_is_shed_while_it_waits() {
+    let s = sim().await;
+    // A class TTL of ten minutes: only the objective can end the wait early.
+    let gw = serve(
+        "flow-slo",
+        &[&s],
+        "max_concurrency_per_worker = 1",
+        "[pools.flow_control]\nttl_ms = { normal = 600000 }\n\
+         [pools.routing]\nslo_unattainable = \"shed\"",
+    )
+    .await;
+    learn(&gw.url, &[&s]).await;
+    let before = s.requests_received();
+    let stream = blocker(&gw.url);
+    received(&s, before + 1).await;
+    // Attainable when it arrives (the engine answers in tens of ms), so it is
+    // held; once the time it has waited plus the best prediction passes 1.5 s it
+    // is shed, while the slot is still taken.
+    let (status, h, err) = post(&gw.url, &[("x-slo-ttft-ms", "1500")], &body(4, 3, true)).await;
+    assert_eq!(
+        (status, h.contains_key("retry-after")),
+        (503, true),
+        "{err}"
+    );
+    assert_eq!(err["error"]["code"], "slo_unattainable", "{err}");
+    assert!(!stream.is_finished(), "shed while the slot was still taken");
+    let m = scrape(&gw.url).await;
+    let shed = metric_sum(
+        &m,
+        "switchyard_flow_shed_total",
+        &[("pool", "p"), ("class", "normal"), ("reason", "slo")],
+    );
+    assert_eq!(shed, 1.0, "left the queue for its objective, not its TTL");
+    assert_eq!(
+        flow_counter(&m, "normal", "queued"),
+        1.0,
+        "it was held first"
+    );
+    // An objective no worker is predicted to meet even after no wait is shed
+    // without queueing.
+    let (status, _, err) = post(&gw.url, &[("x-slo-ttft-ms", "1")], &body(4, 3, true)).await;
+    assert_eq!(
+        (status, err["error"]["code"].as_str()),
+        (503, Some("slo_unattainable"))
+    );
+    let m = scrape(&gw.url).await;
+    assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "not queued");
+    stream.abort();
+}
+
+#[tokio::test]
+async fn a_short_request_holds_out_for_a_much_faster_worker_and_a_long_one_does_not() {
+    let (fast, slow) = (sim().await, slow_sim().await);
+    let gw = serve(
+        "flow-faster",
+        &[&fast, &slow],
+        "policy = \"slo\"\nmax_concurrency_per_worker = 1",
+        "[pools.routing]\nstats_interval_ms = 50\nallow_policy_override = true\n\
+         [pools.flow_control]\nhold_for_faster = 2.0",
+    )
+    .await;
+    learn(&gw.url, &[&fast, &slow]).await;
+    // Both idle: the long stream goes to the fast worker.
+    let (f0, s0) = (fast.requests_received(), slow.requests_received());
+    let stream = blocker(&gw.url);
+    received(&fast, f0 + 1).await;
+    assert_eq!(slow.requests_received(), s0);
+    // The fast worker is taken for a long while by its model's reckoning (its
+    // answer is to be 2000 tokens), so a fast slot is not expected before the
+    // slow worker would answer: 300 tokens to go there at once.
+    let long = {
+        let url = gw.url.clone();
+        tokio::spawn(async move { post(&url, &[], &body(4, 300, true)).await.0 })
+    };
+    received(&slow, s0 + 1).await;
+    let m = scrape(&gw.url).await;
+    assert_eq!(flow_counter(&m, "normal", "queued"), 0.0, "not held");
+    long.abort();
+    let slow_url = slow.url();
+    eventually(Duration::from_secs(20), "the slow worker freed", || async {
+        let m = scrape(&gw.url).await;
+        (metric_sum(&m, "switchyard_worker_in_flight", &[("worker", &slow_url)]) == 0.0)
+            .then_some(())
+    })
+    .await;
+    // A short answer, though: each fast slot's turn is expected to come round
+    // well before the slow worker's first token, so it waits in the queue with
+    // the slow worker idle — until it has waited as long as that worker would
+    // cost it extra, and takes it (the fast one still busy).
+    let (status, _, _) = post(&gw.url, &[], &body(4, 2, true)).await;
+    assert_eq!(status, 200);
+    let m = scrape(&gw.url).await;
+    assert_eq!(flow_counter(&m, "normal", "queued"), 1.0, "held first");
+    assert_eq!(flow_counter(&m, "normal", "dispatched"), 1.0);
+    assert!(!stream.is_finished(), "the fast worker was still busy");
+    assert_eq!(
+        slow.requests_received(),
+        s0 + 2,
+        "then served by the slow worker"
+    );
+    stream.abort();
 }

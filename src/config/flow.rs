@@ -16,6 +16,9 @@ pub const DEFAULT_MAX_QUEUED_BYTES: u64 = 64 << 20;
 pub const DEFAULT_EXPECTED_OUTPUT_TOKENS: u64 = 256;
 /// Default bound on fairness flows remembered per priority class.
 pub const DEFAULT_MAX_FLOWS: usize = 1024;
+/// Default `hold_for_faster`: a worker predicted over twice as slow to first
+/// token as the best one is passed over (for a while).
+pub const DEFAULT_HOLD_FOR_FASTER: f64 = 2.0;
 
 /// Priority classes, highest first (`x-switchyard-priority`, a tenant's
 /// default). Strict between classes: a class waits while any above it waits.
@@ -91,6 +94,7 @@ pub struct RawFlowControl {
     pub max_flows: Option<usize>,
     pub preemption: Option<String>,
     pub scale_from_zero: Option<bool>,
+    pub hold_for_faster: Option<f64>,
 }
 
 /// `ttl_ms = { critical = …, high = …, normal = …, low = … }`.
@@ -123,6 +127,11 @@ pub struct FlowConfig {
     pub preemption: Preemption,
     /// Wait (within the TTL) when the pool has no ready worker at all.
     pub scale_from_zero: bool,
+    /// A worker with room whose predicted TTFT for a request is over this many
+    /// times the best eligible worker's (busy ones included) counts as
+    /// saturated for it while a slot on a fast worker is expected sooner than
+    /// the slow one would answer (0: off).
+    pub hold_for_faster: f64,
 }
 
 impl FlowConfig {
@@ -140,6 +149,7 @@ impl FlowConfig {
             max_flows: DEFAULT_MAX_FLOWS,
             preemption: Preemption::Off,
             scale_from_zero: false,
+            hold_for_faster: DEFAULT_HOLD_FOR_FASTER,
         }
     }
 
@@ -174,6 +184,14 @@ pub(super) fn validate_flow(
             p.push(format!("{}: must be greater than 0", key.field(name)));
         }
     }
+    if let Some(r) = raw.hold_for_faster {
+        if !(r == 0.0 || (r.is_finite() && r >= 1.0)) {
+            p.push(format!(
+                "{}: must be 0 (off) or a ratio >= 1, got {r}",
+                key.field("hold_for_faster")
+            ));
+        }
+    }
     for (flow, w) in &raw.weights {
         if !(w.is_finite() && *w > 0.0) {
             p.push(format!(
@@ -196,6 +214,7 @@ pub(super) fn validate_flow(
         max_flows: raw.max_flows.unwrap_or(d.max_flows).max(1),
         preemption: preemption(key, raw.preemption.as_deref(), p),
         scale_from_zero: raw.scale_from_zero.unwrap_or(false),
+        hold_for_faster: raw.hold_for_faster.unwrap_or(d.hold_for_faster),
     }
 }
 
@@ -274,6 +293,7 @@ mod tests {
             preemption = "sometimes"
             weights = { a = 0.0 }
             ttl_ms = { low = 0 }
+            hold_for_faster = 0.5
             "#,
         )
         .unwrap();
@@ -292,6 +312,7 @@ mod tests {
             "pools[0].flow_control.preemption",
             "pools[0].flow_control.weights.a",
             "pools[0].flow_control.ttl_ms.low",
+            "pools[0].flow_control.hold_for_faster",
         ] {
             assert!(text.contains(k), "{k} missing from:\n{text}");
         }

@@ -312,7 +312,12 @@ impl Exchange {
         tags.request_bytes = body.len() as u64;
         tags.stream = choice.info.stream;
         let index = choice.picked[0];
-        let guard = choice.route.workers[index].begin(None, choice.size());
+        let worker = &choice.route.workers[index];
+        // What the worker's latency model learns from when the answer is observed.
+        let since_arrival = self.start.elapsed().as_secs_f64() * 1e3;
+        tags.dispatch
+            .set(worker.dispatch(choice.size()).at(since_arrival));
+        let guard = worker.begin(None, choice.size());
         self.routed = Some(Routed {
             route: choice.route.clone(),
             index,
@@ -382,6 +387,8 @@ impl Exchange {
             if let Some(i) = pos.filter(|&i| i != r.index) {
                 r.guard = r.route.workers[i].begin(None, Default::default());
                 r.index = i;
+                // A fallback answered: the pick's dispatch does not describe it.
+                r.tags.dispatch.clear();
             }
         }
         let worker = &r.route.workers[r.index];

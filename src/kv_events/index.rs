@@ -354,7 +354,17 @@ impl KvIndex {
     /// Remember that `slot` was just sent a prompt with `keys`, pending until
     /// `until`; `false` when the pending set is full.
     pub fn note_pending(&self, slot: u8, keys: &[u64], now: u64, until: u64) -> bool {
-        self.pending.insert(slot, keys, now, until)
+        let bit = 1u64 << slot;
+        let map = self.map.pin();
+        let held = |k| map.get(&k).is_some_and(|h| h.0[0] & bit != 0);
+        self.pending.insert(slot, keys, now, until, held)
+    }
+
+    /// Blocks `slot` was just sent and did not hold on the GPU, not yet
+    /// confirmed by its events: with [`KvIndex::gpu_blocks`], the cache space it
+    /// is about to use.
+    pub fn pending_blocks(&self, slot: u8) -> u64 {
+        self.pending.new_blocks(slot)
     }
 
     /// Runs [`search::search`]; every [`CHECK_EVERY`](super::CHECK_EVERY)th

@@ -93,7 +93,12 @@ impl DispatchCell {
         }
     }
 
-    /// The last dispatch set; `None` before any.
+    /// Forget the dispatch: the answer came from somewhere it does not describe.
+    pub fn clear(&self) {
+        self.set(Dispatch([f32::NAN; 6]));
+    }
+
+    /// The last dispatch set; `None` before any (or after a clear).
     pub fn get(&self) -> Option<Dispatch> {
         let d = Dispatch(std::array::from_fn(|i| {
             f32::from_bits(self.0[i].load(Ordering::Relaxed))

@@ -11,7 +11,7 @@ use super::forward::{
 };
 use crate::api::headers::Name;
 use crate::config::HealthConfig;
-use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority};
+use crate::pool::flow::{saturation, FlowQueue, Place, Preemption, Priority, QueueError};
 use crate::pool::{InFlightGuard, Role};
 use crate::routes::ModelRoute;
 use crate::routing::{Decision, Policy, Reason, RouteRequest};
@@ -120,6 +120,8 @@ struct Attempts<'c, 'a> {
     front: bool,
     /// The slot the last pick took on its worker, until the attempt is sent.
     reserved: Option<crate::pool::Reservation>,
+    /// The last pick turned down a worker with room as too slow for it.
+    declined: bool,
 }
 
 impl<'c, 'a> Attempts<'c, 'a> {
@@ -156,6 +158,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
             turn: false,
             front: false,
             reserved: None,
+            declined: false,
         }
     }
 
@@ -203,8 +206,11 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 .flow
                 .as_ref()
                 .map_or(0, |_| crate::runtime::clock::now_ms());
-            let accept =
+            self.rreq.elapsed_ms = self.ctx.start.elapsed().as_secs_f64() * 1e3;
+            let slow = self.slow_workers();
+            let room =
                 |i: usize| self.eligible(i) && saturation::has_room(cfg, &route.workers[i], now);
+            let accept = |i: usize| room(i) && !slow.contains(&i);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
                 // The slot is taken before anyone else is given a turn; lost to
                 // another thread in between, pick again.
@@ -219,6 +225,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 return Ok(Some(d));
             }
             let saturated = (0..route.workers.len()).any(|i| self.eligible(i));
+            // Turned down a worker with room: the waiters behind may take it.
+            self.declined = slow.iter().any(|&i| room(i));
             match queue {
                 Some(q) if saturated => self.wait(q).await?,
                 _ => {
@@ -232,15 +240,80 @@ impl<'c, 'a> Attempts<'c, 'a> {
         }
     }
 
+    /// The eligible workers this request holds out against for now, as too slow
+    /// for it next to the best one while a slot on a fast one is expected soon
+    /// (`saturation::holds_for_faster`; flow-control pools whose workers all
+    /// have a latency model).
+    fn slow_workers(&self) -> SmallVec<[usize; 4]> {
+        let route = self.ctx.route;
+        let mut slow = SmallVec::new();
+        let (Some(flow), Some(q)) = (route.pool.config.flow.as_ref(), route.pool.queue.as_deref())
+        else {
+            return slow;
+        };
+        if flow.hold_for_faster <= 0.0 {
+            return slow;
+        }
+        let size = self.ctx.size(0);
+        let mut preds: SmallVec<[(usize, crate::pool::predict::Prediction); 8]> = SmallVec::new();
+        for i in (0..route.workers.len()).filter(|&i| self.eligible(i)) {
+            match route.workers[i].predict(size) {
+                Some(p) => preds.push((i, p)),
+                None => return slow, // a worker without a model: no judgement
+            }
+        }
+        let best = preds
+            .iter()
+            .map(|p| p.1.ttft_ms)
+            .fold(f64::INFINITY, f64::min);
+        let fast_ms = flow.hold_for_faster * best;
+        if preds.iter().all(|(_, p)| p.ttft_ms <= fast_ms) {
+            return slow; // nobody much slower: no need to look at the queue
+        }
+        // How fast the fast workers free slots: each holds a request for about
+        // its TTFT plus the expected output at its time per token.
+        let out = self
+            .ctx
+            .info
+            .max_tokens
+            .unwrap_or(flow.expected_output_tokens) as f64;
+        let slots = (route.pool.config.max_concurrency_per_worker)
+            .max(flow.max_running.unwrap_or(0))
+            .max(1) as f64;
+        let per_s: f64 = preds
+            .iter()
+            .filter(|(_, p)| p.ttft_ms <= fast_ms)
+            .map(|(_, p)| slots * 1e3 / (p.ttft_ms + p.tpot_ms.unwrap_or(0.0) * out).max(1.0))
+            .sum();
+        let wait = saturation::expected_wait_ms(q.ahead(&self.place), per_s);
+        let (ratio, waited) = (flow.hold_for_faster, self.rreq.elapsed_ms);
+        let holds = |ms: f64| saturation::holds_for_faster(ratio, ms, best, wait, waited);
+        slow.extend(preds.iter().filter(|(_, p)| holds(p.ttft_ms)).map(|p| p.0));
+        slow
+    }
+
     /// Wait in the pool's queue for a turn (at the kept place after the first
-    /// time); the time waited is the request's.
+    /// time); the time waited is the request's. A request that can no longer
+    /// meet its TTFT objective leaves at once (see `slo::hold_until`).
     async fn wait(&mut self, q: &'c FlowQueue) -> Result<(), GatewayError> {
-        let ticket = super::flow::ticket(self.ctx, self.prio, self.front);
+        let mut ticket = super::flow::ticket(self.ctx, self.prio, self.front);
+        ticket.declined = std::mem::take(&mut self.declined);
+        let hold = super::slo::hold_until(self.ctx, &|i| self.eligible(i));
         let waited = crate::runtime::clock::now();
-        let r = Box::pin(q.wait(&ticket, &mut self.place)).await;
-        self.ctx.tags.add_waited(waited.elapsed());
+        if let Some((_, best)) = hold.filter(|(by, _)| *by <= waited) {
+            // Shed before queueing: leave the place (and hand on a turn) now.
+            if self.place.take().is_some() {
+                q.release();
+            }
+            return Err(super::slo::shed_held(self.ctx, best));
+        }
+        let r = Box::pin(q.wait(&ticket, &mut self.place, hold.map(|h| h.0))).await;
+        self.ctx.tags.add_queued(waited.elapsed());
         self.turn = r.is_ok();
-        r.map_err(|e| super::flow::queue_error(self.ctx, e))
+        r.map_err(|e| match (e, hold) {
+            (QueueError::Objective, Some((_, best))) => super::slo::shed_held(self.ctx, best),
+            (e, _) => super::flow::queue_error(self.ctx, e),
+        })
     }
 
     /// A pick succeeded: if it came from the queue, leave it (handing the turn

@@ -34,6 +34,8 @@ pub struct RequestTags {
     attempts: AtomicU32,
     /// Time spent waiting on workers, the pool queue and retry backoff (ns).
     waited_ns: AtomicU64,
+    /// The part of `waited_ns` spent held in the pool's flow-control queue.
+    queued_ns: AtomicU64,
     /// No worker was predicted to meet the request's latency objective; it was
     /// served anyway.
     slo_downgraded: AtomicBool,
@@ -62,6 +64,7 @@ impl RequestTags {
             admitted: None,
             attempts: AtomicU32::new(0),
             waited_ns: AtomicU64::new(0),
+            queued_ns: AtomicU64::new(0),
             slo_downgraded: AtomicBool::new(false),
             dispatch: Default::default(),
         }
@@ -92,6 +95,8 @@ impl RequestTags {
             precise,
             predicted_ttft_ms: None,
             predicted_tpot_ms: None,
+            queued_ms: self.queued().as_secs_f64() * 1e3,
+            dispatched_ms: None,
             slo_downgraded: self.slo_downgraded(),
         }
     }
@@ -122,6 +127,17 @@ impl RequestTags {
 
     pub fn waited(&self) -> Duration {
         Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed))
+    }
+
+    /// Add time spent held in the pool's queue (it is waited time too).
+    pub fn add_queued(&self, d: Duration) {
+        self.queued_ns
+            .fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+        self.add_waited(d);
+    }
+
+    pub fn queued(&self) -> Duration {
+        Duration::from_nanos(self.queued_ns.load(Ordering::Relaxed))
     }
 
     /// Spans are being exported for this request.

@@ -45,6 +45,7 @@ pub(super) fn ticket<'c>(ctx: &'c ForwardContext<'_>, prio: Priority, front: boo
         cost: ctx.size(0).tokens + ctx.info.max_tokens.unwrap_or(expected),
         bytes: ctx.body.len() as u64,
         front,
+        declined: false,
     }
 }
 
@@ -55,6 +56,8 @@ pub(super) fn queue_error(ctx: &ForwardContext<'_>, e: QueueError) -> GatewayErr
         QueueError::Full => GatewayError::QueueFull(pool),
         QueueError::Timeout => GatewayError::QueueTimeout(pool),
         QueueError::Evicted => GatewayError::QueueEvicted(pool),
+        // Only waits given an objective's deadline end so; they map it themselves.
+        QueueError::Objective => GatewayError::QueueTimeout(pool),
     }
 }
 
@@ -77,7 +80,7 @@ pub(super) async fn cold_start(
     let mut place: Option<Place<'_>> = None;
     let waited = crate::runtime::clock::now();
     let r = loop {
-        if let Err(e) = Box::pin(q.wait(&ticket, &mut place)).await {
+        if let Err(e) = Box::pin(q.wait(&ticket, &mut place, None)).await {
             break Err(queue_error(ctx, e));
         }
         let fresh = routes.snapshot().route(&ctx.route.model).cloned();
@@ -86,7 +89,7 @@ pub(super) async fn cold_start(
             break Ok(Some(route));
         }
     };
-    ctx.tags.add_waited(waited.elapsed());
+    ctx.tags.add_queued(waited.elapsed());
     r
 }
 

@@ -453,6 +453,7 @@ impl Observer {
             return;
         };
         let sent = Duration::from_secs_f64(dispatch.sent_ms().max(0.0) / 1e3);
+        self.p.route.dispatched_ms = Some(dispatch.sent_ms());
         if let Some(p) = dispatch.prediction() {
             // From arrival, as TTFT is measured.
             self.p.route.predicted_ttft_ms = Some(dispatch.sent_ms() + p.ttft_ms);

@@ -5,6 +5,12 @@
 //! downgraded (`x-switchyard-slo: downgraded`, the access log's
 //! `slo_downgraded`), as `[pools.routing].slo_unattainable` says. A worker whose
 //! model has not learnt enough counts as able to: nothing is shed on a guess.
+//!
+//! A request held in the pool's flow-control queue is judged while it waits: in
+//! a shedding pool it leaves the queue as soon as the time it has waited plus the
+//! best TTFT any eligible worker predicts for it passes its objective
+//! ([`hold_until`]), instead of waiting out its class's TTL for an answer that
+//! would come too late.
 
 use super::error::GatewayError;
 use super::forward::ForwardContext;
@@ -13,6 +19,8 @@ use crate::routing::{Decision, Policy, RouteRequest};
 use crate::telemetry::names;
 use http::HeaderName;
 use metrics::counter;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Response header on an answer served below its objective.
 pub const SLO_HEADER: HeaderName = HeaderName::from_static("x-switchyard-slo");
@@ -56,17 +64,59 @@ pub(super) fn settle(ctx: &ForwardContext<'_>, verdict: Verdict) -> Result<(), G
         names::L_POOL => ctx.route.pool.metrics.name.clone(), names::L_RESULT => result)
     .increment(1);
     match verdict {
-        Verdict::Missed { ttft_ms, over_ms } if shed => Err(GatewayError::SloUnattainable {
-            model: ctx.route.model.to_string(),
-            predicted_ttft_ms: ttft_ms.round() as u64,
-            retry_after_s: (over_ms / 1000.0).ceil().clamp(1.0, 60.0) as u32,
-        }),
+        Verdict::Missed { ttft_ms, over_ms } if shed => Err(unattainable(ctx, ttft_ms, over_ms)),
         Verdict::Missed { .. } => {
             ctx.tags.downgrade_slo();
             Ok(())
         }
         _ => Ok(()),
     }
+}
+
+/// The shedding error: the best predicted TTFT from arrival and, for
+/// `Retry-After`, how far it overshoots.
+fn unattainable(ctx: &ForwardContext<'_>, ttft_ms: f64, over_ms: f64) -> GatewayError {
+    GatewayError::SloUnattainable {
+        model: ctx.route.model.to_string(),
+        predicted_ttft_ms: ttft_ms.round() as u64,
+        retry_after_s: (over_ms / 1000.0).ceil().clamp(1.0, 60.0) as u32,
+    }
+}
+
+/// How long a request may be held in the pool's queue and still meet its TTFT
+/// objective: until the objective less the best TTFT an eligible worker
+/// predicts for it now (a lower bound: it is not sent yet). `None` when the pool
+/// does not shed, the request sets no TTFT objective, or an eligible worker has
+/// no model yet. With the deadline, that best prediction (ms).
+pub(super) fn hold_until(
+    ctx: &ForwardContext<'_>,
+    eligible: &dyn Fn(usize) -> bool,
+) -> Option<(Instant, f64)> {
+    if ctx.route.pool.config.routing.slo_unattainable != SloUnattainable::Shed {
+        return None;
+    }
+    let target = ctx.info.slo.ttft_ms?;
+    let size = ctx.size(0);
+    let mut best = f64::INFINITY;
+    for (i, w) in ctx.route.workers.iter().enumerate() {
+        if eligible(i) {
+            best = best.min(w.predict(size)?.ttft_ms);
+        }
+    }
+    let slack_ms = (f64::from(target) - best).max(0.0);
+    best.is_finite()
+        .then(|| (ctx.start + Duration::from_secs_f64(slack_ms / 1e3), best))
+}
+
+/// A held request's objective passed while it waited: shed it, counted as an
+/// objective decision.
+pub(super) fn shed_held(ctx: &ForwardContext<'_>, best_ms: f64) -> GatewayError {
+    counter!(names::SLO_DECISIONS_TOTAL,
+        names::L_POOL => ctx.route.pool.metrics.name.clone(), names::L_RESULT => "shed")
+    .increment(1);
+    let ttft_ms = ctx.start.elapsed().as_secs_f64() * 1e3 + best_ms;
+    let over = ctx.info.slo.ttft_ms.map_or(0.0, |t| ttft_ms - f64::from(t));
+    unattainable(ctx, ttft_ms, over)
 }
 
 /// The chosen worker with its predicted cache hit, then every other eligible

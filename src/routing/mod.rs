@@ -158,6 +158,9 @@ pub struct RouteRequest<'a> {
     precise: std::sync::atomic::AtomicBool,
     /// The last pick's precise lookup, for the cache prediction after it.
     precise_held: parking_lot::Mutex<Option<Box<PreciseHeld>>>,
+    /// Time since the request arrived (ms) when this pick runs — the wait in the
+    /// gateway's queue counts against a TTFT objective.
+    pub elapsed_ms: f64,
 }
 
 /// Blocks of the prompt each slot of a precise index held (any tier) at the
@@ -181,6 +184,7 @@ impl<'a> RouteRequest<'a> {
             prompt_keys: OnceLock::new(),
             precise: Default::default(),
             precise_held: Default::default(),
+            elapsed_ms: 0.0,
         }
     }
 

@@ -342,7 +342,9 @@ impl Pipeline {
             let block = p.kv.index.block_size() as u64;
             for c in cands.iter_mut() {
                 let slot = p.slots.get(c.i).copied().flatten();
-                c.footprint = slot.map_or(0, |s| p.kv.index.gpu_blocks(s));
+                c.footprint = slot.map_or(0, |s| {
+                    p.kv.index.gpu_blocks(s) + p.kv.index.pending_blocks(s)
+                });
                 c.capacity = view.workers[c.i]
                     .state
                     .stats

@@ -39,6 +39,10 @@ struct Estimate {
     prompt: f64,
     /// The most prompt tokens any candidate holds.
     max_held: f64,
+    /// The prompt tokens every candidate holds (a chat template's opening, a
+    /// system prompt all share): they do not tell the candidates apart, so a
+    /// worker is a holder only for what it holds beyond them.
+    common: f64,
     bound: f64,
     any_within: bool,
 }
@@ -68,6 +72,10 @@ impl PrefixPolicy {
         let est = Estimate {
             prompt: view.prompt_tokens as f64,
             max_held: cands.iter().map(|c| c.held).fold(0.0, f64::max),
+            common: match cands.len() {
+                0 | 1 => 0.0,
+                _ => cands.iter().map(|c| c.held).fold(f64::MAX, f64::min),
+            },
             bound,
             any_within: cands.iter().any(|c| c.queue <= bound),
         };
@@ -94,7 +102,7 @@ impl PrefixPolicy {
         let mut hit: Option<(&Candidate, f64, u64)> = None;
         for c in cands
             .iter()
-            .filter(|c| c.held > 0.0 && est.total(c) <= best + keep)
+            .filter(|c| c.held > est.common && est.total(c) <= best + keep)
         {
             let t = est.total(c);
             let w = rendezvous::weight(view.key, view.workers[c.i].id_hash);
@@ -157,7 +165,7 @@ impl PrefixPolicy {
                 );
             }
         }
-        let reason = if est.max_held <= 0.0 {
+        let reason = if est.max_held <= est.common {
             Reason::NewPrefix
         } else {
             Reason::SpillOverload
@@ -444,5 +452,29 @@ mod tests {
             let (d, _, precise) = f.pick(&req(&format!("new {k} {}", long("x"))));
             assert_eq!((d.index, d.reason, precise), (1, Reason::NewPrefix, true));
         }
+    }
+
+    /// New prefixes sent in a burst spread over the caches before any engine
+    /// reports them: a worker's pending new blocks count towards its footprint.
+    #[test]
+    fn new_prefixes_sent_in_a_burst_spread_before_the_events_tell() {
+        let f = fixture("auto", "pending_ttl_ms = 60000");
+        // Every engine holds the chat template's opening (a warm fleet): it
+        // does not make any of them a holder of the new prefixes.
+        let (a, b) = (f.keys(&req(&long("a"))), f.keys(&req(&long("b"))));
+        let opening = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+        assert!(opening > 0, "the template's opening fills a block");
+        for w in 0..3 {
+            f.hold(w, &a[..opening], kv_events::wire::Tier::Gpu);
+        }
+        let mut placed: Vec<usize> = (0..6)
+            .map(|k| {
+                let (d, _, precise) = f.pick(&req(&long(&format!("burst{k}-"))));
+                assert_eq!((d.reason, precise), (Reason::NewPrefix, true));
+                d.index
+            })
+            .collect();
+        placed.sort_unstable();
+        assert_eq!(placed, [0, 0, 1, 1, 2, 2], "two new prefixes per engine");
     }
 }

@@ -47,6 +47,10 @@ pub struct AccessRecord {
     /// What the worker's latency model predicted at dispatch (ms).
     pub predicted_ttft_ms: Option<f64>,
     pub predicted_tpot_ms: Option<f64>,
+    /// Time held in the pool's flow-control queue (ms).
+    pub queued_ms: Option<f64>,
+    /// When the answering attempt was sent, ms after arrival.
+    pub dispatched_ms: Option<f64>,
     /// The request's latency SLO was predicted unattainable; it was served anyway.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub slo_downgraded: bool,

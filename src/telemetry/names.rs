@@ -499,7 +499,7 @@ fn describe_flow() {
     );
     describe_counter!(
         FLOW_SHED_TOTAL,
-        "Requests the queue refused or dropped, by pool, class and reason (full, ttl, evicted)."
+        "Requests the queue refused or dropped, by pool, class and reason (full, ttl, evicted, slo)."
     );
     describe_counter!(
         FLOW_MAP_FULL_TOTAL,

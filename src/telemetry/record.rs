@@ -26,6 +26,11 @@ pub struct RouteTags {
     /// output token (ms), when it had learnt enough.
     pub predicted_ttft_ms: Option<f64>,
     pub predicted_tpot_ms: Option<f64>,
+    /// Time held in the pool's flow-control queue before dispatch (ms).
+    pub queued_ms: f64,
+    /// When the answering attempt was sent, ms after arrival (queue, failed
+    /// attempts and backoff before it); TTFT less this is the worker's part.
+    pub dispatched_ms: Option<f64>,
     /// The request's SLO could not be met and it was served anyway.
     pub slo_downgraded: bool,
 }

@@ -364,7 +364,8 @@ mod tests {
     fn tokenizers_that_strip_around_specials_are_not_cut() {
         let mut t = tiny(DEFAULT_CACHE_TOKENS);
         t.tok
-            .add_special_tokens(&[tokenizers::AddedToken::from("<x>", true).rstrip(true)]);
+            .add_special_tokens([tokenizers::AddedToken::from("<x>", true).rstrip(true)])
+            .expect("the token is added");
         let cache = segment_cache(&t.tok, 1 << 16);
         let text = format!("{}<x>   spaced<|end|>{}", "a".repeat(80), "b".repeat(80));
         let whole = t.encode(&text, false).unwrap();

@@ -38,6 +38,9 @@ pub enum QueueError {
     Timeout,
     /// Shed to make room for a higher class.
     Evicted,
+    /// The request's own deadline (its latency objective, less the best
+    /// predicted time to first token) came before its class's TTL.
+    Objective,
 }
 
 impl QueueError {
@@ -47,6 +50,7 @@ impl QueueError {
             QueueError::Full => "full",
             QueueError::Timeout => "ttl",
             QueueError::Evicted => "evicted",
+            QueueError::Objective => "slo",
         }
     }
 }
@@ -144,6 +148,9 @@ pub struct Ticket<'a> {
     pub bytes: u64,
     /// Preempted once: placed ahead of its class (not charged to its flow again).
     pub front: bool,
+    /// It turned down a worker with room (too slow for it): the turn goes on to
+    /// the waiters behind it, one of whom may take that worker.
+    pub declined: bool,
 }
 
 impl FlowQueue {
@@ -181,6 +188,18 @@ impl FlowQueue {
         self.limits.preemption
     }
 
+    /// Waiters the holder of `place` would let go first: every waiter of a
+    /// higher class and those ahead of it in its own (none without a place).
+    pub fn ahead(&self, place: &Option<Place<'_>>) -> usize {
+        let Some(p) = place else { return 0 };
+        let inner = self.inner.lock();
+        let higher: usize = inner.classes[..p.prio as usize]
+            .iter()
+            .map(BTreeMap::len)
+            .sum();
+        higher + inner.classes[p.prio as usize].range(..p.tag).count()
+    }
+
     /// A request of class `prio` must queue even if a worker has room: someone
     /// of its class or above is waiting or about to dispatch.
     pub fn must_wait(&self, prio: Priority) -> bool {
@@ -191,15 +210,17 @@ impl FlowQueue {
 
     /// Join the queue (first time: stamped by the fair queue and checked against
     /// the caps; later: back to the kept place) and wait for a grant within the
-    /// class's TTL, counted from the first wait.
+    /// class's TTL, counted from the first wait, or until `by` if that comes
+    /// first (the request's own deadline: [`QueueError::Objective`]).
     pub async fn wait<'q>(
         &'q self,
         ticket: &Ticket<'_>,
         place: &mut Option<Place<'q>>,
+        by: Option<Instant>,
     ) -> Result<(), QueueError> {
         let (tx, rx) = oneshot::channel();
         let first = place.is_none();
-        let (deadline, prio, owed) = {
+        let (deadline, prio, owed, passed) = {
             let mut inner = self.inner.lock();
             if first {
                 *place = Some(self.admit(&mut inner, ticket)?);
@@ -211,22 +232,34 @@ impl FlowQueue {
             inner.count += 1;
             inner.bytes += p.bytes;
             self.queued.fetch_add(1, Ordering::Relaxed);
-            (p.started + self.limits.ttl[p.prio as usize], p.prio, owed)
+            let passed = ticket.declined.then_some(p.tag);
+            (
+                p.started + self.limits.ttl[p.prio as usize],
+                p.prio,
+                owed,
+                passed,
+            )
         };
         self.set_depth(prio);
-        if owed {
-            self.release();
+        match passed {
+            Some(tag) => self.release_after(prio, tag, owed),
+            None if owed => self.release(),
+            None => {}
         }
         // One preemption per waiter, when it first queues.
         if first && self.limits.preemption != Preemption::Off {
             self.preempt_below(prio);
         }
+        let (deadline, expired) = match by {
+            Some(by) if by < deadline => (by, QueueError::Objective),
+            _ => (deadline, QueueError::Timeout),
+        };
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(Grant::Go)) => Ok(()),
             Ok(Ok(Grant::Shed)) => Err(self.shed(place, QueueError::Evicted)),
             // The sender is only dropped by a grant that failed to send, i.e.
             // never while we hold the receiver; treat it as a timeout anyway.
-            Ok(Err(_)) | Err(_) => Err(self.shed(place, QueueError::Timeout)),
+            Ok(Err(_)) | Err(_) => Err(self.shed(place, expired)),
         }
     }
 
@@ -300,20 +333,59 @@ impl FlowQueue {
             return;
         }
         for class in 0..4 {
-            while let Some((tag, e)) = inner.classes[class].pop_first() {
-                inner.count -= 1;
-                inner.bytes -= e.bytes;
-                self.queued.fetch_sub(1, Ordering::Relaxed);
-                if e.tx.send(Grant::Go).is_ok() {
-                    inner.wfq[class].served(tag);
-                    inner.turn = Some((Priority::ALL[class], tag, e.bytes));
-                    drop(inner);
-                    self.set_depth(Priority::ALL[class]);
-                    return;
-                }
-                // That waiter left already (timed out, client gone).
+            if self.grant_first(&mut inner, class, None) {
+                drop(inner);
+                self.set_depth(Priority::ALL[class]);
+                return;
             }
         }
+    }
+
+    /// The waiter at (`prio`, `tag`) turned down a worker with room: offer the
+    /// turn to the waiters behind it, in order (a release `owed` meanwhile is
+    /// replayed from the head when the turn comes back; nobody behind: now).
+    fn release_after(&self, prio: Priority, tag: Tag, owed: bool) {
+        let mut inner = self.inner.lock();
+        if inner.turn.is_some() {
+            inner.again |= owed;
+            return;
+        }
+        for class in prio as usize..4 {
+            let after = (class == prio as usize).then_some(tag);
+            if self.grant_first(&mut inner, class, after) {
+                inner.again = owed;
+                drop(inner);
+                self.set_depth(Priority::ALL[class]);
+                return;
+            }
+        }
+        drop(inner);
+        if owed {
+            self.release();
+        }
+    }
+
+    /// Give the turn to the first live waiter of `class` (after `after`, if
+    /// given); whether one took it.
+    fn grant_first(&self, inner: &mut Inner, class: usize, after: Option<Tag>) -> bool {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let from = after.map_or(Unbounded, Excluded);
+        while let Some(tag) = inner.classes[class]
+            .range((from, Unbounded))
+            .next()
+            .map(|(t, _)| *t)
+        {
+            let e = inner.classes[class].remove(&tag).expect("just seen");
+            inner.count -= 1;
+            inner.bytes -= e.bytes;
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            if e.tx.send(Grant::Go).is_ok() {
+                inner.turn = Some((Priority::ALL[class], tag, e.bytes));
+                return true;
+            }
+            // That waiter left already (timed out, client gone).
+        }
+        false
     }
 
     /// The request holding `place` picked a worker: it leaves the queue for
@@ -324,6 +396,9 @@ impl FlowQueue {
             histogram!(names::QUEUE_WAIT_SECONDS, names::L_POOL => self.pool.clone(),
                 names::L_CLASS => p.prio.as_str())
             .record(p.started.elapsed().as_secs_f64());
+            // Virtual time follows the requests that leave with a worker, not
+            // every turn given (a turn may be handed down the queue and declined).
+            self.inner.lock().wfq[p.prio as usize].served(p.tag);
             // Dropping the place returns the turn; pass it on (maybe more room).
             drop(p);
             self.release();

@@ -22,6 +22,7 @@ fn ticket(prio: Priority, flow: &str, cost: u64, bytes: u64) -> Ticket<'_> {
         cost,
         bytes,
         front: false,
+        declined: false,
     }
 }
 
@@ -37,7 +38,8 @@ fn waiter(
     let (q, order) = (q.clone(), order.clone());
     tokio::spawn(async move {
         let mut place = None;
-        q.wait(&ticket(prio, flow, cost, 10), &mut place).await?;
+        q.wait(&ticket(prio, flow, cost, 10), &mut place, None)
+            .await?;
         order.lock().push(name);
         q.dispatched(place);
         Ok(())
@@ -86,7 +88,8 @@ async fn caps_refuse_or_shed_a_lower_class_and_ttl_expires() {
     // Full: another low is refused; a high one sheds the low waiter.
     let mut place = None;
     assert_eq!(
-        q.wait(&ticket(Priority::Low, "t", 1, 1), &mut place).await,
+        q.wait(&ticket(Priority::Low, "t", 1, 1), &mut place, None)
+            .await,
         Err(QueueError::Full)
     );
     let high = waiter(&q, &order, "high", Priority::High, "t", 1);
@@ -107,7 +110,7 @@ async fn byte_cap_counts_bodies() {
     tokio::task::yield_now().await;
     let mut place = None;
     assert_eq!(
-        q.wait(&ticket(Priority::Normal, "t", 1, 10), &mut place)
+        q.wait(&ticket(Priority::Normal, "t", 1, 10), &mut place, None)
             .await,
         Err(QueueError::Full)
     );
@@ -122,7 +125,7 @@ async fn a_waiter_keeps_its_place_and_a_new_wait_preempts_below() {
     let q2 = q.clone();
     let t = tokio::spawn(async move {
         let mut place = None;
-        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place)
+        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place, None)
             .await
     });
     // The high waiter's arrival cancels the low request in flight.
@@ -133,10 +136,10 @@ async fn a_waiter_keeps_its_place_and_a_new_wait_preempts_below() {
     let q3 = q.clone();
     let w = tokio::spawn(async move {
         let mut place = None;
-        q3.wait(&ticket(Priority::Normal, "t", 1, 1), &mut place)
+        q3.wait(&ticket(Priority::Normal, "t", 1, 1), &mut place, None)
             .await?;
         let tag = place.as_ref().unwrap().tag;
-        q3.wait(&ticket(Priority::Normal, "t", 1, 1), &mut place)
+        q3.wait(&ticket(Priority::Normal, "t", 1, 1), &mut place, None)
             .await?;
         assert_eq!(place.as_ref().unwrap().tag, tag);
         q3.dispatched(place);
@@ -158,10 +161,10 @@ async fn a_waiter_preempts_once_and_only_lower_classes() {
     let q2 = q.clone();
     let w = tokio::spawn(async move {
         let mut place = None;
-        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place)
+        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place, None)
             .await?;
         // Granted, found no room, back to its place: no second preemption.
-        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place)
+        q2.wait(&ticket(Priority::High, "t", 1, 1), &mut place, None)
             .await
     });
     tokio::task::yield_now().await;
@@ -187,11 +190,11 @@ async fn the_waiter_holding_the_turn_still_counts_against_the_caps() {
         let q = q.clone();
         tokio::spawn(async move {
             let mut place = None;
-            q.wait(&ticket(Priority::Normal, "t", 10, 10), &mut place)
+            q.wait(&ticket(Priority::Normal, "t", 10, 10), &mut place, None)
                 .await?;
             // Holding the turn: a newcomer must find the queue full.
             let newcomer = q
-                .wait(&ticket(Priority::Normal, "u", 10, 10), &mut None)
+                .wait(&ticket(Priority::Normal, "u", 10, 10), &mut None, None)
                 .await;
             q.dispatched(place);
             newcomer
@@ -203,6 +206,31 @@ async fn the_waiter_holding_the_turn_still_counts_against_the_caps() {
     q.release();
     assert_eq!(waiting.await.unwrap(), Err(QueueError::Full));
     // Once it left, there is room again.
-    let admitted = tokio::time::timeout(Duration::from_millis(1), q.wait(&t, &mut place)).await;
+    let admitted =
+        tokio::time::timeout(Duration::from_millis(1), q.wait(&t, &mut place, None)).await;
     assert!(admitted.is_err(), "queued, not refused");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_leaves_at_its_own_deadline_before_the_class_ttl() {
+    let q = queue(4, 1 << 20, 10_000);
+    let mut place = None;
+    let by = crate::runtime::clock::now() + Duration::from_millis(300);
+    let t0 = crate::runtime::clock::now();
+    let r = q
+        .wait(&ticket(Priority::Normal, "t", 1, 1), &mut place, Some(by))
+        .await;
+    assert_eq!(r, Err(QueueError::Objective));
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_millis(300),
+        "left at its deadline"
+    );
+    assert!(place.is_none() && q.depth() == 0, "and left the queue");
+    // A deadline after the TTL changes nothing: the TTL ends the wait.
+    let late = crate::runtime::clock::now() + Duration::from_secs(60);
+    let r = q
+        .wait(&ticket(Priority::Normal, "t", 1, 1), &mut place, Some(late))
+        .await;
+    assert_eq!(r, Err(QueueError::Timeout));
 }

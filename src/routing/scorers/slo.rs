@@ -1,7 +1,9 @@
 //! `slo`: the most headroom against the request's latency objectives, by each
 //! worker's learnt latency model (`pool::predict`). A candidate predicted to meet
 //! every objective scores in [0.5, 1] by its smallest relative headroom; one
-//! predicted to miss scores below 0.5, less the further it misses. Without
+//! predicted to miss scores below 0.5, less the further it misses; time the
+//! request already spent (in the gateway's queue) counts against its TTFT
+//! objective. Without
 //! objectives, the shortest predicted time to first token wins. A worker whose
 //! model has not learnt enough yet scores 1, so that every worker gets the
 //! samples it needs (the queue scorer of the `slo` preset then spreads them).
@@ -42,7 +44,7 @@ impl Scorer for Slo {
         let Some(p) = predict(v, c) else {
             return 1.0;
         };
-        match p.headroom(&v.req.info.slo, 0.0) {
+        match p.headroom(&v.req.info.slo, v.req.elapsed_ms) {
             Some(h) if h >= 0.0 => 0.5 + 0.5 * h.min(1.0),
             Some(h) => 0.5 / (1.0 - h),
             None => prep.lo.max(1.0) / p.ttft_ms.max(1.0),

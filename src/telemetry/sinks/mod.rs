@@ -187,6 +187,8 @@ fn access_record(r: &RequestRecord<'_>, cost_usd: f64) -> AccessRecord {
         predicted_cached_tokens: route.and_then(|x| x.predicted_cached_tokens),
         predicted_ttft_ms: route.and_then(|x| x.predicted_ttft_ms).map(round_ms),
         predicted_tpot_ms: route.and_then(|x| x.predicted_tpot_ms).map(round_ms),
+        queued_ms: route.map(|x| round_ms(x.queued_ms)),
+        dispatched_ms: route.and_then(|x| x.dispatched_ms).map(round_ms),
         slo_downgraded: route.is_some_and(|x| x.slo_downgraded),
         cost_usd,
         request_bytes: r.request_bytes,
