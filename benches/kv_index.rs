@@ -3,7 +3,7 @@
 //! looking up a 32k-token prompt (2,048 blocks of 16 tokens) with 64 workers
 //! holding it to various depths (1/64 … 64/64 of it, with and without hashing
 //! the prompt's tokens, and again among 256k other keys; a few hundred blocks;
-//! the first 4 blocks only).
+//! all of it by 4 workers, 64 blocks by the rest; the first 4 blocks only).
 //! Run: `cargo bench --bench kv_index`.
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -129,6 +129,11 @@ fn lookup(c: &mut Criterion) {
         _ => 64 + (i * 37) % 512,
     });
     g.bench_function("lookup_32k_tokens_64_workers_held_hundreds", |b| {
+        b.iter(|| ix.lookup(black_box(&keys), &mut out))
+    });
+    // A long document a few workers hold whole, the rest its 64-block opening.
+    let ix = held(&keys, |i| if i < 4 { keys.len() } else { 64 });
+    g.bench_function("lookup_32k_tokens_64_workers_4_hold_all", |b| {
         b.iter(|| ix.lookup(black_box(&keys), &mut out))
     });
     // A new prompt: a common 4-block preamble, nothing after.
