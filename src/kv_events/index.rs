@@ -13,17 +13,21 @@
 //! and removals (`apply.rs`).
 //!
 //! Holders are one bit per worker slot per tier (three `u64` masks), so a pool's
-//! precise index covers up to [`MAX_WORKERS`] workers and a lookup walks the
-//! prompt's blocks once, ANDing masks, until no worker holds the next block.
+//! precise index covers up to [`MAX_WORKERS`] workers. A lookup reads the masks
+//! of a few of the prompt's blocks, not all: engines hold prefix-closed sets, so
+//! each worker's depth is found by galloping and bisecting (`search.rs`), and a
+//! sample of lookups is checked against the full walk (`check.rs`).
 
-use dashmap::DashMap;
+use papaya::{Compute, HashMap, LocalGuard, Operation, ResizeMode};
 use parking_lot::Mutex;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use super::check::Checks;
 use super::pending::Pending;
+use super::search;
 use super::wire::Tier;
 
 /// Workers a pool's precise index can tell apart (one bit each).
@@ -88,6 +92,9 @@ pub type Depths = [[u32; 3]; MAX_WORKERS];
 #[derive(Clone, Copy, Default)]
 struct Holders([u64; 3]);
 
+/// The map, pinned for reading.
+type Map<'a> = papaya::HashMapRef<'a, u64, Holders, BuildHasherDefault<KeyHasher>, LocalGuard<'a>>;
+
 /// Keys are already hashes: the map uses them as they are.
 #[derive(Default)]
 pub(super) struct KeyHasher(u64);
@@ -108,7 +115,9 @@ impl Hasher for KeyHasher {
 
 /// One pool's precise index (see the module docs).
 pub struct KvIndex {
-    map: DashMap<u64, Holders, BuildHasherDefault<KeyHasher>>,
+    /// Lock-free reads (a lookup pins once, then probes without a lock or an
+    /// atomic write); writers replace an entry's holders by compare-and-swap.
+    map: HashMap<u64, Holders, BuildHasherDefault<KeyHasher>>,
     /// Slot → worker id; taken when a subscriber starts.
     slots: Mutex<Vec<Option<Arc<str>>>>,
     states: [AtomicU8; MAX_WORKERS],
@@ -119,18 +128,32 @@ pub struct KvIndex {
     gpu: [AtomicU64; MAX_WORKERS],
     /// Blocks just sent to a worker, not yet confirmed by its events.
     pending: Pending,
+    /// Lookups checked against the full walk.
+    checks: Checks,
     block_size: usize,
 }
 
 impl KvIndex {
     pub fn new(block_size: usize) -> KvIndex {
+        KvIndex::for_pool("", block_size)
+    }
+
+    /// The index of pool `pool` (the label of its lookup-check metric).
+    pub fn for_pool(pool: &str, block_size: usize) -> KvIndex {
         KvIndex {
-            map: DashMap::default(),
+            // Blocking resizes: an incremental one left half done (it advances
+            // only on writes) makes every read check both tables, 5-30x slower
+            // when measured; a blocking one stalls writers, never readers.
+            map: HashMap::builder()
+                .hasher(BuildHasherDefault::default())
+                .resize_mode(ResizeMode::Blocking)
+                .build(),
             slots: Mutex::new(Vec::new()),
             states: std::array::from_fn(|_| AtomicU8::new(0)),
             pairs: AtomicU64::new(0),
             gpu: std::array::from_fn(|_| AtomicU64::new(0)),
             pending: Pending::default(),
+            checks: Checks::new(pool),
             block_size: block_size.max(1),
         }
     }
@@ -211,10 +234,12 @@ impl KvIndex {
     pub fn insert(&self, slot: u8, key: u64, tier: Tier) -> bool {
         let bit = 1u64 << slot;
         self.pending.confirm(slot, key);
-        let mut e = self.map.entry(key).or_default();
-        let m = &mut e.0[tier as usize];
-        let new = *m & bit == 0;
-        *m |= bit;
+        let new = self
+            .change(key, |mut h| {
+                h[tier as usize] |= bit;
+                h
+            })
+            .is_some();
         if new {
             self.pairs.fetch_add(1, Ordering::Relaxed);
             if tier == Tier::Gpu {
@@ -227,13 +252,12 @@ impl KvIndex {
     /// Record that `slot` no longer holds `key` in `tier`; whether it did.
     pub fn remove(&self, slot: u8, key: u64, tier: Tier) -> bool {
         let bit = 1u64 << slot;
-        let mut had = false;
-        self.map.remove_if_mut(&key, |_, h| {
-            let m = &mut h.0[tier as usize];
-            had = *m & bit != 0;
-            *m &= !bit;
-            h.0 == [0; 3]
-        });
+        let had = self
+            .change(key, |mut h| {
+                h[tier as usize] &= !bit;
+                h
+            })
+            .is_some();
         if had {
             self.pairs.fetch_sub(1, Ordering::Relaxed);
             if tier == Tier::Gpu {
@@ -247,17 +271,40 @@ impl KvIndex {
     /// record of them): a scan of the whole map, on a cold path.
     pub fn clear_slot(&self, slot: u8) {
         let bit = 1u64 << slot;
+        let keys: Vec<u64> = {
+            let map = self.map.pin();
+            let held = map.iter().filter(|(_, h)| h.0.iter().any(|m| m & bit != 0));
+            held.map(|(k, _)| *k).collect()
+        };
         let mut gone = 0u64;
-        self.map.retain(|_, h| {
-            for m in h.0.iter_mut() {
-                gone += u64::from(*m & bit != 0);
-                *m &= !bit;
+        for k in keys {
+            if let Some(old) = self.change(k, |h| h.map(|m| m & !bit)) {
+                gone += old.iter().map(|m| u64::from(m & bit != 0)).sum::<u64>();
             }
-            h.0 != [0; 3]
-        });
+        }
         self.pairs.fetch_sub(gone, Ordering::Relaxed);
         if let Some(g) = self.gpu.get(slot as usize) {
             g.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Replace `key`'s holders `h` (none: zeros) by `f(h)`, atomically against
+    /// other writers, dropping the entry when nobody is left; the holders
+    /// before, when that changed them (`None`: `f` changed nothing).
+    fn change(&self, key: u64, f: impl Fn([u64; 3]) -> [u64; 3]) -> Option<[u64; 3]> {
+        let map = self.map.pin();
+        let r = map.compute(key, |e| {
+            let old = e.map_or([0; 3], |(_, h)| h.0);
+            match f(old) {
+                new if new == old => Operation::Abort(()),
+                [0, 0, 0] => Operation::Remove,
+                new => Operation::Insert(Holders(new)),
+            }
+        });
+        match r {
+            Compute::Inserted(..) => Some([0; 3]),
+            Compute::Updated { old: (_, h), .. } | Compute::Removed(_, h) => Some(h.0),
+            Compute::Aborted(()) => None,
         }
     }
 
@@ -271,6 +318,16 @@ impl KvIndex {
     /// (worker, tier) pairs held.
     pub fn pairs(&self) -> u64 {
         self.pairs.load(Ordering::Relaxed)
+    }
+
+    /// Lookups so far.
+    pub fn lookups(&self) -> u64 {
+        self.checks.lookups()
+    }
+
+    /// Sampled lookups whose search differed from the full walk.
+    pub fn lookup_mismatches(&self) -> u64 {
+        self.checks.mismatches()
     }
 
     /// Distinct block keys held by anyone.
@@ -298,7 +355,8 @@ impl KvIndex {
     /// `until`; `false` when the pending set is full.
     pub fn note_pending(&self, slot: u8, keys: &[u64], now: u64, until: u64) -> bool {
         let bit = 1u64 << slot;
-        let held = |k| self.map.get(&k).is_some_and(|h| h.0[0] & bit != 0);
+        let map = self.map.pin();
+        let held = |k| map.get(&k).is_some_and(|h| h.0[0] & bit != 0);
         self.pending.insert(slot, keys, now, until, held)
     }
 
@@ -309,38 +367,39 @@ impl KvIndex {
         self.pending.new_blocks(slot)
     }
 
+    /// Runs [`search::search`]; every [`CHECK_EVERY`](super::CHECK_EVERY)th
+    /// lookup also runs the full walk and counts a disagreement (holdings that
+    /// are not prefix-closed), answering with the walk's depths.
     #[inline]
     fn lookup_with(&self, keys: &[u64], out: &mut Depths, pending: impl Fn(u64) -> u64) {
-        *out = [[0; 3]; MAX_WORKERS];
-        let mut alive = [u64::MAX; 3];
-        let mut done = keys.len();
-        for (i, k) in keys.iter().enumerate() {
-            let mut h = self.map.get(k).map_or([0; 3], |e| e.0);
-            h[0] |= pending(*k);
-            let cum = [h[0], h[0] | h[1], h[0] | h[1] | h[2]];
-            for t in 0..3 {
-                let next = alive[t] & cum[t];
-                let mut dropped = alive[t] & !next;
-                while dropped != 0 {
-                    out[dropped.trailing_zeros() as usize][t] = i as u32;
-                    dropped &= dropped - 1;
-                }
-                alive[t] = next;
-            }
-            if alive[2] == 0 {
-                done = i;
-                break;
+        let map = self.map.pin();
+        let probe = |i: usize| self.masks(&map, keys[i], &pending);
+        search::search(keys.len(), probe, out);
+        if self.checks.due() {
+            let mut exact: Depths = [[0; 3]; MAX_WORKERS];
+            search::walk(keys.len(), probe, &mut exact);
+            if exact != *out {
+                self.checks.mismatch(keys.len());
+                *out = exact;
             }
         }
-        if done == keys.len() {
-            for (t, &a) in alive.iter().enumerate() {
-                let mut m = a;
-                while m != 0 {
-                    out[m.trailing_zeros() as usize][t] = keys.len() as u32;
-                    m &= m - 1;
-                }
-            }
-        }
+    }
+
+    /// The cumulative holders of `key` (`[gpu, gpu|cpu, any]`), its pending
+    /// marks counted as GPU.
+    #[inline]
+    fn masks(&self, map: &Map<'_>, key: u64, pending: impl Fn(u64) -> u64) -> search::Masks {
+        let mut h = map.get(&key).map_or([0; 3], |e| e.0);
+        h[0] |= pending(key);
+        [h[0], h[0] | h[1], h[0] | h[1] | h[2]]
+    }
+
+    /// [`KvIndex::lookup_at`] by the full walk, to test the search against.
+    #[cfg(test)]
+    fn walk_at(&self, keys: &[u64], out: &mut Depths, now: u64) {
+        let map = self.map.pin();
+        let probe = |i: usize| self.masks(&map, keys[i], |k| self.pending.mask(k, now));
+        search::walk(keys.len(), probe, out);
     }
 }
 
@@ -436,5 +495,131 @@ mod tests {
         ix.set_state(3, SlotState::Live);
         assert!(ix.covers(&[Some(3)]));
         assert!(!ix.covers(&[Some(3), None]));
+    }
+
+    /// A worker's holdings: `[gpu, gpu+cpu, any]` depths, realised as blocks
+    /// on the GPU, then the CPU, then disk (some GPU blocks with a CPU copy),
+    /// and a pending mark over the first `pending` blocks, live or expired.
+    #[derive(Debug, Clone)]
+    struct Holding {
+        depths: [usize; 3],
+        copies: usize,
+        pending: usize,
+        live: bool,
+    }
+
+    fn holding(n: usize) -> impl Strategy<Value = Holding> {
+        let d = prop_oneof![Just(0), 0..=n + 2, 0..4usize];
+        (d.clone(), d.clone(), d.clone(), d, any::<bool>()).prop_map(|(a, b, c, pending, live)| {
+            let mut depths = [a, b, c];
+            depths.sort_unstable();
+            let copies = depths[0] / 2;
+            Holding {
+                depths,
+                copies,
+                pending,
+                live,
+            }
+        })
+    }
+
+    fn holdings() -> impl Strategy<Value = (usize, Vec<Holding>)> {
+        (1usize..200, 1usize..=MAX_WORKERS)
+            .prop_flat_map(|(n, w)| (Just(n), proptest::collection::vec(holding(n), w)))
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        #[test]
+        fn lookup_at_equals_the_full_walk_on_prefix_closed_holdings((n, hs) in holdings()) {
+            let ix = KvIndex::new(4);
+            let keys = prompt_keys(&(0..(n as u32 + 3) * 4).collect::<Vec<_>>(), 4);
+            let now = 1_000;
+            for (w, h) in hs.iter().enumerate() {
+                let slot = ix.claim(&Arc::from(format!("w{w}"))).unwrap();
+                let tiers = [Tier::Gpu, Tier::Cpu, Tier::Disk];
+                let mut from = 0;
+                for (t, &to) in tiers.iter().zip(&h.depths) {
+                    for &k in &keys[from..to] {
+                        ix.insert(slot, k, *t);
+                    }
+                    from = to;
+                }
+                for &k in &keys[..h.copies] {
+                    ix.insert(slot, k, Tier::Cpu);
+                }
+                let until = if h.live { now + 10 } else { now - 1 };
+                ix.note_pending(slot, &keys[..h.pending], now - 5, until);
+            }
+            let keys = &keys[..n];
+            let (mut got, mut want) = ([[0; 3]; MAX_WORKERS], [[0; 3]; MAX_WORKERS]);
+            for _ in 0..2 {
+                ix.lookup_at(keys, &mut got, now);
+                ix.walk_at(keys, &mut want, now);
+                prop_assert_eq!(got, want);
+            }
+            prop_assert_eq!(ix.lookup_mismatches(), 0, "the sampled check agreed");
+        }
+    }
+
+    #[test]
+    fn a_hole_is_caught_by_the_sampled_check() {
+        let (ix, s) = index_with(&["a"]);
+        let k = prompt_keys(&(0..64).collect::<Vec<_>>(), 4);
+        for &key in &k[..10] {
+            ix.insert(s[0], key, Tier::Gpu);
+        }
+        ix.remove(s[0], k[5], Tier::Gpu); // held past a block it lacks
+        let mut d = [[0; 3]; MAX_WORKERS];
+        ix.lookup(&k, &mut d);
+        assert_eq!(
+            (d[0], ix.lookup_mismatches()),
+            ([5; 3], 1),
+            "checked: the walk's answer"
+        );
+        for _ in 1..crate::kv_events::CHECK_EVERY {
+            ix.lookup(&k, &mut d);
+        }
+        assert_eq!(
+            (d[0], ix.lookup_mismatches()),
+            ([10; 3], 1),
+            "unchecked: the search misses the hole"
+        );
+        ix.lookup(&k, &mut d);
+        assert_eq!((d[0], ix.lookup_mismatches()), ([5; 3], 2));
+    }
+
+    #[test]
+    fn concurrent_writers_on_the_same_keys_lose_nothing() {
+        let (ix, s) = index_with(&["a", "b", "c", "d"]);
+        let k = prompt_keys(&(0..4096).collect::<Vec<_>>(), 4);
+        std::thread::scope(|scope| {
+            for &slot in &s {
+                let (ix, k) = (&ix, &k);
+                scope.spawn(move || {
+                    for &key in k {
+                        ix.insert(slot, key, Tier::Gpu);
+                        ix.insert(slot, key, Tier::Cpu);
+                    }
+                    // Half of them freed again, racing the others' inserts.
+                    for &key in &k[k.len() / 2..] {
+                        ix.remove(slot, key, Tier::Gpu);
+                        ix.remove(slot, key, Tier::Cpu);
+                    }
+                });
+            }
+        });
+        let half = (k.len() / 2) as u64;
+        assert_eq!((ix.pairs(), ix.keys()), (half * 8, half as usize));
+        let mut d = [[0; 3]; MAX_WORKERS];
+        ix.lookup(&k, &mut d);
+        for &slot in &s {
+            assert_eq!(d[slot as usize], [half as u32; 3]);
+            assert_eq!(ix.gpu_blocks(slot), half);
+        }
+        ix.clear_slot(s[0]);
+        assert_eq!((ix.pairs(), ix.gpu_blocks(s[0])), (half * 6, 0));
     }
 }

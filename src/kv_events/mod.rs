@@ -15,14 +15,17 @@
 //! telemetry and the tokenizer below it.
 
 mod apply;
+mod check;
 pub mod index;
 mod pending;
 mod restart;
+mod search;
 mod sequence;
 pub mod subscriber;
 pub mod wire;
 
 pub use apply::{Refusal, WorkerBlocks};
+pub use check::CHECK_EVERY;
 pub use index::{
     prompt_keys, reusable_prompt_keys, weighted_blocks, Depths, KvIndex, SlotState, MAX_WORKERS,
 };
@@ -81,7 +84,7 @@ impl PoolKv {
             None => None,
         };
         Some(PoolKv {
-            index: Arc::new(KvIndex::new(pc.kv_events.block_size)),
+            index: Arc::new(KvIndex::for_pool(&pc.name, pc.kv_events.block_size)),
             tokenizer,
             tier_weights: pc.kv_events.tier_weights,
             pending_ttl_ms: pc.kv_events.pending_ttl.as_millis() as u64,

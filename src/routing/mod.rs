@@ -156,9 +156,21 @@ pub struct RouteRequest<'a> {
     prompt_keys: OnceLock<Option<(Vec<u64>, u64)>>,
     /// The last cache prediction came from the precise index.
     precise: std::sync::atomic::AtomicBool,
+    /// The last pick's precise lookup, for the cache prediction after it.
+    precise_held: parking_lot::Mutex<Option<Box<PreciseHeld>>>,
     /// Time since the request arrived (ms) when this pick runs — the wait in the
     /// gateway's queue counts against a TTFT objective.
     pub elapsed_ms: f64,
+}
+
+/// Blocks of the prompt each slot of a precise index held (any tier) at the
+/// last pick: the cache prediction for the chosen worker reads it instead of
+/// looking the prompt up again. Boxed, allocated once per request, so the
+/// request's future stays small.
+struct PreciseHeld {
+    /// Which index (its address): a fallback policy may read another.
+    index: usize,
+    blocks: [u32; crate::kv_events::MAX_WORKERS],
 }
 
 impl<'a> RouteRequest<'a> {
@@ -171,6 +183,7 @@ impl<'a> RouteRequest<'a> {
             blocks: OnceLock::new(),
             prompt_keys: OnceLock::new(),
             precise: Default::default(),
+            precise_held: Default::default(),
             elapsed_ms: 0.0,
         }
     }
@@ -183,6 +196,33 @@ impl<'a> RouteRequest<'a> {
 
     pub(crate) fn set_predicted_precisely(&self, v: bool) {
         self.precise.store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Keep the depths a pick looked up in the precise index `index` (its
+    /// address), or forget them (`None`: that pick had no precise lookup).
+    pub(crate) fn keep_precise_held(&self, held: Option<(usize, &crate::kv_events::Depths)>) {
+        let mut kept = self.precise_held.lock();
+        match (held, &mut *kept) {
+            (None, k) => *k = None,
+            (Some((index, d)), Some(k)) => {
+                k.index = index;
+                k.blocks = d.map(|r| r[2]);
+            }
+            (Some((index, d)), k) => {
+                *k = Some(Box::new(PreciseHeld {
+                    index,
+                    blocks: d.map(|r| r[2]),
+                }))
+            }
+        }
+    }
+
+    /// The blocks `slot` held at the last pick's lookup of the precise index
+    /// `index` (`Some(None)`: no slot); `None` when that pick did not look there.
+    pub(crate) fn precise_held(&self, index: usize, slot: Option<u8>) -> Option<Option<u32>> {
+        let kept = self.precise_held.lock();
+        let k = kept.as_ref().filter(|k| k.index == index)?;
+        Some(slot.and_then(|s| k.blocks.get(s as usize).copied()))
     }
 
     /// The same request with its endpoint and body (to tokenize the prompt).

@@ -104,6 +104,13 @@ struct Precise {
     slots: Vec<Option<u8>>,
 }
 
+impl Precise {
+    /// The index's identity (its address), to match a pick's kept lookup.
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.kv.index) as usize
+    }
+}
+
 /// One request in flight counts as this many prompt tokens of wait: a sequence
 /// that is decoding slows the engine's steps a little, while a prompt waiting for
 /// its prefill delays the next request by that whole prefill (counted apart, in
@@ -304,7 +311,9 @@ impl Pipeline {
         cands: &mut [Candidate],
     ) -> Option<(f64, u64)> {
         let p = self.precise.as_ref()?;
-        let hit = self.precise_lookup(req, now)?;
+        let hit = self.precise_lookup(req, now);
+        req.keep_precise_held(hit.as_ref().map(|h| (p.id(), &h.depths)));
+        let hit = hit?;
         let block = p.kv.index.block_size() as f64;
         let mut max = 0.0f64;
         for c in cands.iter_mut() {
@@ -476,13 +485,19 @@ impl super::Policy for Pipeline {
     }
 
     fn predicted_cached_tokens(&self, d: &Decision, req: &RouteRequest<'_>) -> Option<u64> {
-        let lookup = self.precise_lookup(req, crate::pool::stats::now_ms());
-        let precise = self.precise.as_ref().zip(lookup);
-        req.set_predicted_precisely(precise.is_some());
-        if let Some((p, hit)) = precise {
-            let slot = (*p.slots.get(d.index)?)?;
-            let blocks = hit.depths[slot as usize][2];
-            return Some(u64::from(blocks) * p.kv.index.block_size() as u64);
+        if let Some(p) = &self.precise {
+            let slot = p.slots.get(d.index).copied().flatten();
+            // The pick's own lookup when it made one, else a fresh one.
+            let held = req.precise_held(p.id(), slot).or_else(|| {
+                let hit = self.precise_lookup(req, crate::pool::stats::now_ms())?;
+                Some(slot.map(|s| hit.depths[s as usize][2]))
+            });
+            req.set_predicted_precisely(held.is_some());
+            if let Some(blocks) = held {
+                return Some(u64::from(blocks?) * p.kv.index.block_size() as u64);
+            }
+        } else {
+            req.set_predicted_precisely(false);
         }
         let ix = self.index.as_ref()?;
         let blocks = self.blocks(req);

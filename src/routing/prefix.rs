@@ -359,10 +359,16 @@ mod tests {
         let other = (first.index + 1) % 3;
         let keys = f.keys(&r);
         f.hold(other, &keys, kv_events::wire::Tier::Gpu);
+        let lookups = f.kv.index.lookups();
         let (d, predicted, precise) = f.pick(&r);
         assert_eq!((d.index, d.reason), (other, Reason::PrefixHit));
         assert!(precise, "counted under mode=\"precise\"");
         assert_eq!(predicted, Some((keys.len() * BLOCK) as u64));
+        assert_eq!(
+            f.kv.index.lookups() - lookups,
+            1,
+            "the prediction reuses the pick's lookup"
+        );
     }
 
     #[test]

@@ -109,6 +109,7 @@ pub const KV_INDEX_CAPACITY_BLOCKS: &str = "switchyard_kv_index_capacity_blocks"
 pub const KV_INDEX_LAG_SECONDS: &str = "switchyard_kv_index_lag_seconds";
 pub const KV_WORKER_STATE: &str = "switchyard_kv_worker_state";
 pub const KV_ENGINE_START_SECONDS: &str = "switchyard_kv_engine_start_time_seconds";
+pub const KV_INDEX_LOOKUP_MISMATCH_TOTAL: &str = "switchyard_kv_index_lookup_mismatch_total";
 pub const L_MEDIUM: &str = "medium";
 pub const POOL_IMBALANCE_RATIO: &str = "switchyard_pool_imbalance_ratio";
 pub const POOL_IDLE_WORKERS: &str = "switchyard_pool_idle_workers";
@@ -273,6 +274,10 @@ fn describe_kv_events() {
     describe_gauge!(
         KV_ENGINE_START_SECONDS,
         "The engine process's start time (Unix seconds) its KV-event subscriber goes by, from the worker's /metrics: a change resyncs the worker (reason restart)."
+    );
+    describe_counter!(
+        KV_INDEX_LOOKUP_MISMATCH_TOTAL,
+        "Sampled precise-index lookups (1 in 256) whose fast search differed from the full walk: some engine holds a block without its parent, so depths may be overstated."
     );
     describe_gauge!(
         KV_WORKER_STATE,
