@@ -20,7 +20,9 @@ fn first_accepted(
         .map(|index| Decision::new(index, reason))
 }
 
-/// Next acceptable worker after a shared rotating cursor.
+/// Next acceptable worker after a shared rotating cursor. The cursor moves when
+/// a decision is recorded, not when one is picked: a pick that is not sent (a
+/// dry run, a request held and picked again) does not skip a worker.
 #[derive(Default)]
 pub struct RoundRobin {
     next: AtomicUsize,
@@ -39,8 +41,12 @@ impl Policy for RoundRobin {
         _now: u64,
         _rng: &mut dyn RngCore,
     ) -> Option<Decision> {
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let start = self.next.load(Ordering::Relaxed);
         first_accepted(start, workers.len(), accept, Reason::RoundRobin)
+    }
+
+    fn record(&self, decision: &Decision, _req: &RouteRequest<'_>, _workers: &[Arc<Worker>]) {
+        self.next.store(decision.index + 1, Ordering::Relaxed);
     }
 }
 
@@ -83,13 +89,20 @@ mod tests {
         let ws = workers(3);
         let info = RequestInfo::default();
         let rr = RoundRobin::default();
-        let picks: Vec<usize> = (0..6)
-            .map(|_| rr.pick(&req(&info), &ws, &|_| true).unwrap().index)
-            .collect();
+        let r = req(&info);
+        let sent = |accept: &dyn Fn(usize) -> bool| {
+            let d = rr.pick(&r, &ws, accept).unwrap();
+            rr.record(&d, &r, &ws);
+            d.index
+        };
+        let picks: Vec<usize> = (0..6).map(|_| sent(&|_| true)).collect();
         assert_eq!(picks, vec![0, 1, 2, 0, 1, 2]);
         for _ in 0..6 {
-            assert_ne!(rr.pick(&req(&info), &ws, &|i| i != 1).unwrap().index, 1);
+            assert_ne!(sent(&|i| i != 1), 1);
         }
+        // A pick that is not sent moves nothing.
+        let next = rr.pick(&r, &ws, &|_| true).unwrap().index;
+        assert_eq!(rr.pick(&r, &ws, &|_| true).unwrap().index, next);
         assert!(rr.pick(&req(&info), &ws, &|_| false).is_none());
         assert!(rr.pick(&req(&info), &[], &|_| true).is_none());
     }
