@@ -173,6 +173,14 @@ fn body(bytes: &[u8], end_of_stream: bool) -> Request {
     })
 }
 
+fn response_body(bytes: &[u8], end_of_stream: bool) -> Request {
+    Request::ResponseBody(HttpBody {
+        body: bytes.to_vec(),
+        end_of_stream,
+        ..Default::default()
+    })
+}
+
 fn chat_body(model: &str, prefix: &str) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({
         "model": model, "stream": true, "max_tokens": 4,
@@ -278,15 +286,7 @@ async fn full_duplex_routes_after_the_whole_body_with_fallbacks_and_observes_the
         Some(Response::ResponseHeaders(_))
     ));
     let sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\ndata: [DONE]\n\n";
-    s.send(
-        Request::ResponseBody(HttpBody {
-            body: sse.to_vec(),
-            end_of_stream: true,
-            ..Default::default()
-        }),
-        None,
-    )
-    .await;
+    s.send(response_body(sse, true), None).await;
     let rb = s.next().await;
     assert_eq!(
         streamed(&rb),
@@ -487,15 +487,7 @@ async fn observed_answers_teach_the_workers_latency_model() {
         );
         s.send_served(ok.into_response(), &served).await;
         s.next().await;
-        s.send(
-            Request::ResponseBody(HttpBody {
-                body: sse.to_vec(),
-                end_of_stream: true,
-                ..Default::default()
-            }),
-            None,
-        )
-        .await;
+        s.send(response_body(sse, true), None).await;
         s.next().await;
     }
     let text = scrape(&epp.http).await;
