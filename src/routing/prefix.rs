@@ -185,7 +185,11 @@ impl PrefixPolicy {
             sum = sum.saturating_add(c.footprint);
             min = min.min(c.footprint);
         }
-        let eps = self.core.load_epsilon;
+        let eps = if view.precise {
+            0.0
+        } else {
+            self.core.load_epsilon
+        };
         let limit = ((1.0 + eps) * sum.saturating_add(n) as f64 / cands.len() as f64)
             .max(min.saturating_add(n) as f64);
         for c in cands.iter_mut() {
@@ -476,5 +480,29 @@ mod tests {
             .collect();
         placed.sort_unstable();
         assert_eq!(placed, [0, 0, 1, 1, 2, 2], "two new prefixes per engine");
+    }
+
+    /// On the precise index a new prefix goes to an engine no fuller than the
+    /// mean after the placement: engines report every block they keep, so their
+    /// footprints sit near capacity and the load tolerance would let one take a
+    /// prefix more than its cache holds.
+    #[test]
+    fn on_the_events_a_new_prefix_goes_to_an_engine_no_fuller_than_the_mean() {
+        let f = fixture("auto", "pending_ttl_ms = 0");
+        let n = f.keys(&req(&long("probe"))).len();
+        let tokens: Vec<u32> = (100_000..100_000 + 3 * 240 * BLOCK as u32).collect();
+        let filler = kv_events::prompt_keys(&tokens, BLOCK);
+        let full = 200;
+        f.hold(0, &filler[..full], kv_events::wire::Tier::Gpu);
+        f.hold(1, &filler[240..240 + full], kv_events::wire::Tier::Gpu);
+        f.hold(
+            2,
+            &filler[480..480 + full - n / 2],
+            kv_events::wire::Tier::Gpu,
+        );
+        for k in 0..8 {
+            let (d, _, precise) = f.pick(&req(&long(&format!("new{k}-"))));
+            assert_eq!((d.index, d.reason, precise), (2, Reason::NewPrefix, true));
+        }
     }
 }
