@@ -6,7 +6,7 @@
 mod support;
 
 use std::time::Duration;
-use support::{client, eventually, gateway, metric_sum, scrape};
+use support::{client, eventually, gateway, metric_sum, scrape, tagged_words};
 use switchyard::proxy::ROUTE_HEADER;
 use switchyard::sim::kv_events::{EventFormat, KvEventsConfig};
 use switchyard::sim::{self, SimConfig, SimHandle};
@@ -99,14 +99,6 @@ fn pool_config(
         "[server]\ndebug_headers = true\n[[pools]]\nname = \"{name}\"\nmodels = [\"{MODEL}\"]\n{policy}\n{tokenizer}\nworkers = [{}]\n{routing}\n{kv}",
         workers.join(", ")
     )
-}
-
-/// A prompt of `words` words, distinct per `tag`, long enough for many blocks.
-fn prompt(tag: &str, words: usize) -> String {
-    (0..words)
-        .map(|i| format!("{tag}{i}"))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn body(content: &str) -> serde_json::Value {
@@ -208,7 +200,7 @@ async fn events_drive_the_index_even_for_traffic_the_gateway_never_saw() {
     let gw = gateway(&config(&sims, "")).await;
     wait_live(&gw.url(), &sims).await;
     // Warm worker 2 behind the gateway's back: only its events tell.
-    let text = prompt("direct", 120);
+    let text = tagged_words("direct", 120);
     chat(&sims[2].url(), &text).await;
     wait_caught_up(&gw.url(), &sims[2]).await;
     let (worker, reason) = chat(&gw.url(), &text).await.unwrap();
@@ -244,7 +236,7 @@ async fn a_dropped_range_is_replayed() {
     let gw = gateway(&config(&sims, "")).await;
     wait_live(&gw.url(), &sims).await;
     for i in 0..8 {
-        chat(&sims[0].url(), &prompt(&format!("p{i}x"), 40)).await;
+        chat(&sims[0].url(), &tagged_words(&format!("p{i}x"), 40)).await;
     }
     let url = sims[0].url();
     eventually(WAIT, "dropped batches replayed", || {
@@ -265,7 +257,7 @@ async fn a_dropped_range_is_replayed() {
         "reordered live batches arrive after their replay"
     );
     // The first prompt's blocks (in a dropped batch) are indexed.
-    let (worker, reason) = chat(&gw.url(), &prompt("p0x", 40)).await.unwrap();
+    let (worker, reason) = chat(&gw.url(), &tagged_words("p0x", 40)).await.unwrap();
     assert_eq!((worker, reason.as_str()), (url, "prefix_hit"));
 }
 
@@ -282,7 +274,7 @@ async fn an_engine_restart_clears_its_entries() {
     let gw = gateway(&config(&probe, "")).await;
     wait_live(&gw.url(), &probe).await;
     let url = probe[0].url();
-    chat(&url, &prompt("before", 80)).await;
+    chat(&url, &tagged_words("before", 80)).await;
     wait_blocks(&gw.url(), &url, 4.0).await;
     let resyncs =
         |m: &str| worker_metric(m, names::KV_RESYNCS_TOTAL, &url, &[("reason", "reconnect")]);
@@ -321,7 +313,7 @@ async fn an_engine_restart_clears_its_entries() {
     })
     .await;
     // And it is indexed again from its new events.
-    chat(&again.url(), &prompt("after", 80)).await;
+    chat(&again.url(), &tagged_words("after", 80)).await;
     wait_blocks(&gw.url(), &url, 4.0).await;
 }
 
@@ -330,7 +322,7 @@ async fn a_block_size_mismatch_falls_back_loudly() {
     let sims = sims(2, 4096).await;
     let gw = gateway(&config(&sims, "block_size = 32")).await;
     let url = sims[0].url();
-    chat(&url, &prompt("size", 80)).await;
+    chat(&url, &tagged_words("size", 80)).await;
     eventually(WAIT, "the worker is refused", || {
         let (gw, url) = (gw.url(), url.clone());
         async move {
@@ -348,7 +340,7 @@ async fn a_block_size_mismatch_falls_back_loudly() {
     .await;
     // Routing goes on, on the approximate index: the same prompt twice lands on
     // the same worker as a prefix hit.
-    let text = prompt("approx", 80);
+    let text = tagged_words("approx", 80);
     let (w1, _) = chat(&gw.url(), &text).await.unwrap();
     let (w2, reason) = chat(&gw.url(), &text).await.unwrap();
     assert_eq!((w2, reason.as_str()), (w1, "prefix_hit"));
@@ -368,7 +360,7 @@ async fn eviction_on_the_engine_moves_the_next_request_elsewhere() {
     let sims = sims(2, 96).await;
     let gw = gateway(&config(&sims, "")).await;
     wait_live(&gw.url(), &sims).await;
-    let text = prompt("evict", 150);
+    let text = tagged_words("evict", 150);
     let (first, _) = chat(&gw.url(), &text).await.unwrap();
     let (held, other) = if first == sims[0].url() {
         (0, 1)
@@ -379,7 +371,7 @@ async fn eviction_on_the_engine_moves_the_next_request_elsewhere() {
     chat(&sims[other].url(), &text).await;
     wait_caught_up(&gw.url(), &sims[other]).await;
     for i in 0..6 {
-        chat(&sims[held].url(), &prompt(&format!("flood{i}y"), 150)).await;
+        chat(&sims[held].url(), &tagged_words(&format!("flood{i}y"), 150)).await;
     }
     wait_caught_up(&gw.url(), &sims[held]).await;
     let (worker, reason) = chat(&gw.url(), &text).await.unwrap();
@@ -392,7 +384,7 @@ fn whole_blocks_prompt(block_size: usize) -> (String, usize) {
     let tok = switchyard::tokenize::build(&switchyard::config::TokenizerConfig::Sim).unwrap();
     // Each word is two tokens; trailing `!`s (one token each) set the remainder.
     (0..block_size)
-        .map(|bangs| format!("{}{}", prompt("whole", 60), "!".repeat(bangs)))
+        .map(|bangs| format!("{}{}", tagged_words("whole", 60), "!".repeat(bangs)))
         .find_map(|text| {
             let body = serde_json::to_vec(&body(&text)).unwrap();
             let n = tok
@@ -446,13 +438,13 @@ async fn the_prefix_policy_follows_an_eviction_the_approximate_index_cannot_see(
     let precise = gateway(&pool_config(&sims, "prefix_precise", prefix, "", Some(""))).await;
     let approx = gateway(&pool_config(&sims, "prefix_approx", prefix, "", None)).await;
     wait_live(&precise.url(), &sims).await;
-    let text = prompt("follow", 150);
+    let text = tagged_words("follow", 150);
     let (first, _) = chat(&approx.url(), &text).await.unwrap();
     let held = usize::from(first != sims[0].url());
     let other = 1 - held;
     chat(&sims[other].url(), &text).await;
     for i in 0..6 {
-        chat(&sims[held].url(), &prompt(&format!("flood{i}z"), 150)).await;
+        chat(&sims[held].url(), &tagged_words(&format!("flood{i}z"), 150)).await;
     }
     wait_caught_up(&precise.url(), &sims[other]).await;
     wait_caught_up(&precise.url(), &sims[held]).await;

@@ -10,7 +10,7 @@ mod support;
 use std::time::Duration;
 use support::{
     client, config_file, eventually, line_field, metric_sum, scrape, serve_binary, sim_metric,
-    spawn_binary_line,
+    spawn_binary_line, tagged_words,
 };
 use switchyard::proxy::ROUTE_HEADER;
 use switchyard::telemetry::names;
@@ -58,13 +58,6 @@ fn gateway_toml(model: &str, engines: &[&[String; 4]]) -> String {
          [pools.kv_events]\ntopic = \"kv-events\"\nprobe_interval_ms = 100\n",
         workers.join(", ")
     )
-}
-
-fn prompt(tag: &str, words: usize) -> String {
-    (0..words)
-        .map(|i| format!("{tag}{i}"))
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// Send a chat request to `base`; the worker in the route header (if any) and
@@ -130,11 +123,11 @@ async fn a_prefix_offloaded_to_cpu_still_routes_to_its_engine() {
 
     // The offloading engine sees the prompt, then other prompts evict it from
     // its GPU (96 blocks) into its CPU tier. The other engine never sees it.
-    let text = prompt("offload", 150);
+    let text = tagged_words("offload", 150);
     let (_, first) = chat(&a, &model, &text).await;
     assert_eq!(first, 0);
     for i in 0..6 {
-        chat(&a, &model, &prompt(&format!("flood{i}y"), 150)).await;
+        chat(&a, &model, &tagged_words(&format!("flood{i}y"), 150)).await;
     }
     wait_caught_up(&gw, &a).await;
     let m = scrape(&gw).await;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::{
     client, config_file, eventually, line_field, metric_sum, scrape, serve_binary,
-    spawn_binary_line,
+    spawn_binary_line, tagged_words,
 };
 use switchyard::telemetry::names;
 
@@ -100,13 +100,6 @@ async fn chat(base: &str, model: &str, content: &str) {
     let _ = resp.bytes().await.unwrap();
 }
 
-fn prompt(tag: &str, words: usize) -> String {
-    (0..words)
-        .map(|i| format!("{tag}{i}"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Wait until the gateway's metrics satisfy `ok`.
 async fn wait_for(gw: &str, what: &str, ok: impl Fn(&str) -> bool) {
     eventually(WAIT, what, || {
@@ -171,7 +164,7 @@ async fn a_new_start_time_in_metrics_drops_the_old_engines_entries() {
     })
     .await;
     // Traffic the gateway never saw fills the index from the engine's events.
-    chat(&engine, &model, &prompt("old", 80)).await;
+    chat(&engine, &model, &tagged_words("old", 80)).await;
     wait_for(&gw, "the old engine's blocks indexed", |m| blocks(m) >= 4.0).await;
     let m = scrape(&gw).await;
     let reconnects = resyncs(&m, "reconnect");
@@ -191,7 +184,7 @@ async fn a_new_start_time_in_metrics_drops_the_old_engines_entries() {
     assert_eq!(worker_metric(&m, names::KV_WORKER_STATE, &worker, &[]), 2.0);
 
     // The stream goes on: the engine's next events are indexed again.
-    chat(&engine, &model, &prompt("new", 80)).await;
+    chat(&engine, &model, &tagged_words("new", 80)).await;
     wait_for(&gw, "new blocks indexed after the resync", |m| {
         blocks(m) >= 4.0
     })

@@ -132,6 +132,15 @@ pub async fn sims(n: usize, time_scale: f64) -> Vec<switchyard::sim::SimHandle> 
 }
 
 /// Model name served by `sims()`.
+/// A prompt of `words` words, distinct per `tag` (`tag0 tag1 …`): long enough for
+/// many KV blocks, and sharing no block with another tag's.
+pub fn tagged_words(tag: &str, words: usize) -> String {
+    (0..words)
+        .map(|i| format!("{tag}{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn sim_model() -> String {
     switchyard::sim::SimConfig::profile("tiny").unwrap().model
 }
