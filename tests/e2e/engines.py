@@ -185,9 +185,11 @@ class Gateway:
         return scrape(self.url + "/metrics")
 
 
-def gateway_config(engines: list[Engine], policy: str, routing: bool, debug_headers: bool = False) -> str:
-    workers = ",\n  ".join(f'{{ url = "{e.url}" }}' for e in engines)
-    cfg = f"""
+def server_config(debug_headers: bool = False) -> str:
+    """The gateway's `[server]` section every e2e gateway uses: an ephemeral port,
+    a short connect timeout (a killed engine is noticed at once) and a first-byte
+    timeout long enough for a CPU prefill."""
+    return f"""
 [server]
 listen = "127.0.0.1:0"
 debug_headers = {str(debug_headers).lower()}
@@ -195,7 +197,12 @@ debug_headers = {str(debug_headers).lower()}
 [server.timeouts]
 connect_ms = 500
 first_byte_ms = 120000
+"""
 
+
+def gateway_config(engines: list[Engine], policy: str, routing: bool, debug_headers: bool = False) -> str:
+    workers = ",\n  ".join(f'{{ url = "{e.url}" }}' for e in engines)
+    cfg = server_config(debug_headers) + f"""
 [[pools]]
 name = "e2e"
 models = ["{MODEL}"]

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from anthropic import Anthropic
 
-from engines import LOG_DIR, MODEL, MODEL_DIR, VENV
+from engines import LOG_DIR, MODEL, MODEL_DIR, VENV, server_config
 from workload import samples
 
 GUIDELLM = os.environ.get("GUIDELLM_BIN", str(VENV.parent / ".venv-guidellm/bin/guidellm"))
@@ -23,14 +23,7 @@ BENCH_PROMPTS = 8
 
 def messages_config(engines) -> str:
     workers = ", ".join(f'{{ url = "{e.url}" }}' for e in engines)
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-
-[server.timeouts]
-connect_ms = 500
-first_byte_ms = 120000
-
+    return server_config() + f"""
 [[pools]]
 name = "clients"
 models = ["{MODEL}"]

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from engines import MODEL
+from engines import MODEL, server_config
 from workload import samples
 
 WAIT_S = 60.0
@@ -22,15 +22,7 @@ WAIT_S = 60.0
 
 def pool_config(name: str, engines, extra: str) -> str:
     workers = ", ".join(f'{{ url = "{e.url}" }}' for e in engines)
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-debug_headers = true
-
-[server.timeouts]
-connect_ms = 500
-first_byte_ms = 120000
-
+    return server_config(debug_headers=True) + f"""
 [[pools]]
 name = "{name}"
 models = ["{MODEL}"]

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 import zmq
 
-from engines import BLOCK_SIZE, KV_TOPIC, LOG_DIR, MODEL, MODEL_DIR, SWITCHYARD, record
+from engines import BLOCK_SIZE, KV_TOPIC, LOG_DIR, MODEL, MODEL_DIR, SWITCHYARD, record, server_config
 from workload import Workload, prefix_text, samples, scrape
 
 # Share of the measured requests whose prediction must equal the engine's count.
@@ -30,15 +30,7 @@ def precise_config(engines, access_log) -> str:
     workers = ",\n  ".join(
         f'{{ url = "{e.url}", kv_events = "{e.kv_events}", kv_replay = "{e.kv_replay}" }}'
         for e in engines)
-    return f"""
-[server]
-listen = "127.0.0.1:0"
-debug_headers = true
-
-[server.timeouts]
-connect_ms = 500
-first_byte_ms = 120000
-
+    return server_config(debug_headers=True) + f"""
 [access_log]
 enabled = true
 path = "{access_log}"
