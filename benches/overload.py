@@ -24,7 +24,9 @@ quiet tenant's TTFT p99 against alone, attainment per class, shed share, and
 the median absolute TTFT prediction error (the access log's predicted_ttft_ms
 against ttft_ms, measured requests only). `NAME+flow` runs add the gateway's
 flow control (MAX_SEQS in flight per engine, `[pools.flow_control]` with
-`hold_for_faster = HOLD_FOR_FASTER` when set, else its default). Each run's
+`hold_for_faster = HOLD_FOR_FASTER` when set, else its default;
+`NAME+flow:R` sets it to R for that run). CAPACITY and ALONE_P99 skip those
+measurements with the figures of an earlier run. Each run's
 access log is kept as OUT_DIR/overload-POLICY.access.jsonl; request ids are
 `TAG-N-TENANT-CLASS`, so its queued_ms / dispatched_ms / ttft_ms split per
 tenant and class.
@@ -73,6 +75,9 @@ LAX_TTFT_MS = int(os.environ.get("LAX_TTFT_MS", "8000"))
 SEED = int(os.environ.get("SEED", "7"))
 # `[pools.flow_control].hold_for_faster` of the `+flow` runs (unset: the default).
 HOLD_FOR_FASTER = os.environ.get("HOLD_FOR_FASTER", "")
+# Skip a measurement by giving its result from an earlier run (req/s, ms).
+CAPACITY = float(os.environ.get("CAPACITY", "0"))
+ALONE_P99 = float(os.environ.get("ALONE_P99", "0"))
 OUT_DIR = Path(os.environ.get("OUT_DIR", str(ROOT / "bench-out")))
 MODEL = "sim-llama-8b"
 CLASSES = {"tight": (TIGHT_TTFT_MS, TIGHT_TPOT_MS), "lax": (LAX_TTFT_MS, None)}
@@ -103,9 +108,11 @@ def start_sim(tmp: Path, name: str, profile: str) -> str:
 
 def start_gateway(tmp: Path, name: str, policy: str, urls: list[str]) -> str:
     policy, _, flow = policy.partition("+")
+    flow, _, hold = flow.partition(":")
+    hold = hold or HOLD_FOR_FASTER
     shed = "shed" if policy == "slo" else "downgrade"
     flow_lines = (f"max_concurrency_per_worker = {MAX_SEQS}\n[pools.flow_control]\n"
-                  + (f"hold_for_faster = {HOLD_FOR_FASTER}\n" if HOLD_FOR_FASTER else "")
+                  + (f"hold_for_faster = {hold}\n" if hold else "")
                   if flow else "")
     workers = ", ".join(f'{{ url = "{u}" }}' for u in urls)
     cfg = tmp / f"{name}.toml"
@@ -255,6 +262,17 @@ def capacity(tmp: Path) -> float:
     return ok / (end - t0)
 
 
+def quiet_alone(tmp: Path, rate: float) -> float:
+    """The quiet tenant's TTFT p99 with its half of `rate` alone (least_queue)."""
+    urls = fleet(tmp, "alone")
+    base = start_gateway(tmp, "gw-alone", "least_queue", urls)
+    rng = random.Random(SEED)
+    open_loop(base, rate / 2, WARMUP, ("quiet",), "walone", rng)
+    alone = open_loop(base, rate / 2, DURATION, ("quiet",), "malone", rng)
+    overhead.cleanup()
+    return pct([r["ttft"] for r in alone if r["ttft"] is not None], 0.99)
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
@@ -328,16 +346,10 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="overload-") as d:
             tmp = Path(d)
-            cap = capacity(tmp)
+            cap = CAPACITY or capacity(tmp)
             rate = LOAD * cap
             log(f"capacity {cap:.1f} req/s; offering {rate:.1f} req/s")
-            urls = fleet(tmp, "alone")
-            base = start_gateway(tmp, "gw-alone", "least_queue", urls)
-            rng = random.Random(SEED)
-            open_loop(base, rate / 2, WARMUP, ("quiet",), "walone", rng)
-            alone = open_loop(base, rate / 2, DURATION, ("quiet",), "malone", rng)
-            overhead.cleanup()
-            alone_p99 = pct([r["ttft"] for r in alone if r["ttft"] is not None], 0.99)
+            alone_p99 = ALONE_P99 or quiet_alone(tmp, rate)
             rows = []
             for policy in POLICIES:
                 rows.append(run_policy(tmp, policy, rate))

@@ -373,6 +373,55 @@ async fn a_tenant_sending_ten_times_the_tokens_gets_its_share_only() {
     );
 }
 
+/// A stream of `tenant` with a prompt of `words` that holds a slot until
+/// aborted (within the tiny model's 2,048-token context).
+fn tenant_blocker(url: &str, tenant: &'static str, words: usize) -> JoinHandle<()> {
+    let url = url.to_string();
+    tokio::spawn(async move {
+        let r = support::client()
+            .post(format!("{url}/v1/chat/completions"))
+            .header("x-switchyard-tenant", tenant)
+            .json(&body(words, 1000, true))
+            .send()
+            .await
+            .unwrap();
+        let _ = r.text().await;
+    })
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_token_share_leaves_the_reserved_slot_to_the_other() {
+    let s = sim().await;
+    let gw = serve(
+        "flow-share",
+        &[&s],
+        "max_concurrency_per_worker = 3",
+        "[pools.flow_control]\nreserved_slots = 1\n",
+    )
+    .await;
+    // Both tenants active; the heavy one holds far more tokens in flight.
+    let light = tenant_blocker(&gw.url, "light", 4);
+    received(&s, 1).await;
+    let heavy = tenant_blocker(&gw.url, "heavy", 400);
+    received(&s, 2).await;
+    // One slot is free, but it is the reserved one: the heavy tenant waits.
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let h = vec![("x-switchyard-tenant", "heavy".to_string())];
+    let held = recorded(&gw.url, &order, "heavy", h, body(400, 2, false));
+    queued(&gw.url, "normal", 1.0).await;
+    assert_eq!(s.requests_received(), 2, "the reserved slot stays free");
+    // The light tenant's next request takes it, past the heavy one's.
+    let h = vec![("x-switchyard-tenant", "light".to_string())];
+    let passed = recorded(&gw.url, &order, "light", h, body(4, 2, false));
+    assert_eq!(passed.await.unwrap(), 200);
+    assert_eq!(order.lock().as_slice(), ["light"]);
+    // A slot the heavy tenant's own stream frees is the heavy waiter's.
+    heavy.abort();
+    assert_eq!(held.await.unwrap(), 200);
+    assert_eq!(order.lock().as_slice(), ["light", "heavy"]);
+    light.abort();
+}
+
 #[tokio::test]
 async fn caps_and_ttl_shed_with_retry_after() {
     let s = sim().await;

@@ -95,6 +95,7 @@ pub struct RawFlowControl {
     pub preemption: Option<String>,
     pub scale_from_zero: Option<bool>,
     pub hold_for_faster: Option<f64>,
+    pub reserved_slots: Option<u64>,
 }
 
 /// `ttl_ms = { critical = …, high = …, normal = …, low = … }`.
@@ -132,6 +133,9 @@ pub struct FlowConfig {
     /// saturated for it while a slot on a fast worker is expected sooner than
     /// the slow one would answer (0: off).
     pub hold_for_faster: f64,
+    /// Slots of each worker a flow over its share of the tokens in flight may
+    /// not take while another flow is active (`None`: a quarter of the limit).
+    pub reserved_slots: Option<u64>,
 }
 
 impl FlowConfig {
@@ -150,7 +154,16 @@ impl FlowConfig {
             preemption: Preemption::Off,
             scale_from_zero: false,
             hold_for_faster: DEFAULT_HOLD_FOR_FASTER,
+            reserved_slots: None,
         }
+    }
+
+    /// The slots of a worker limited to `limit` in flight kept from flows over
+    /// their share: as configured (default a quarter), always fewer than `limit`.
+    pub fn reserved(&self, limit: u64) -> u64 {
+        self.reserved_slots
+            .unwrap_or(limit / 4)
+            .min(limit.saturating_sub(1))
     }
 
     /// The weight of flow `key` (1 unless configured).
@@ -215,6 +228,7 @@ pub(super) fn validate_flow(
         preemption: preemption(key, raw.preemption.as_deref(), p),
         scale_from_zero: raw.scale_from_zero.unwrap_or(false),
         hold_for_faster: raw.hold_for_faster.unwrap_or(d.hold_for_faster),
+        reserved_slots: raw.reserved_slots,
     }
 }
 
@@ -272,6 +286,14 @@ fn preemption(key: &Key, raw: Option<&str>, p: &mut Problems) -> Preemption {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserved_slots_default_to_a_quarter_and_leave_one_slot() {
+        let mut f = FlowConfig::defaults(Duration::from_secs(1));
+        assert_eq!((f.reserved(8), f.reserved(3), f.reserved(0)), (2, 0, 0));
+        f.reserved_slots = Some(5);
+        assert_eq!((f.reserved(8), f.reserved(4), f.reserved(1)), (5, 3, 0));
+    }
 
     #[test]
     fn priority_names_round_trip_and_default_to_normal() {

@@ -1,6 +1,6 @@
 //! One upstream engine and its shared live state.
 
-use super::flow::FlowQueue;
+use super::flow::{FlowQueue, ShareGuard};
 use super::health::HealthState;
 use super::predict::{Dispatch, Features, LatencyModel, Prediction};
 use super::stats::WorkerStats;
@@ -160,6 +160,7 @@ impl Worker {
         self.state.in_flight.fetch_add(1, Ordering::Relaxed);
         Reservation {
             slot: Some((self.state.clone(), queue.cloned())),
+            share: None,
         }
     }
 
@@ -175,13 +176,16 @@ impl Worker {
             .ok()?;
         Some(Reservation {
             slot: Some((self.state.clone(), queue.cloned())),
+            share: None,
         })
     }
 
     /// [`Worker::begin`] on a slot [`Worker::reserve`] took.
     pub fn begin_reserved(&self, mut r: Reservation, size: RequestSize) -> InFlightGuard {
         let queue = r.slot.take().and_then(|(_, q)| q);
-        self.started(queue, size)
+        let mut guard = self.started(queue, size);
+        guard.share = r.share.take();
+        guard
     }
 
     fn started(&self, queue: Option<Arc<FlowQueue>>, size: RequestSize) -> InFlightGuard {
@@ -193,6 +197,7 @@ impl Worker {
             state: self.state.clone(),
             queue,
             prefill: Some((size.prefill_tokens, size.bytes)),
+            share: None,
         }
     }
 
@@ -251,12 +256,24 @@ impl RequestSize {
 /// A slot taken on a worker by a pick whose request is not sent yet.
 pub struct Reservation {
     slot: Option<(Arc<WorkerState>, Option<Arc<FlowQueue>>)>,
+    /// The request's tokens in its flow's share, held as long as the slot
+    /// (boxed: most pools keep no shares, and the guard moves with every body).
+    share: Option<Box<ShareGuard>>,
+}
+
+impl Reservation {
+    /// Hold `share` with the slot (and the guard it becomes).
+    pub fn with_share(mut self, share: Option<ShareGuard>) -> Self {
+        self.share = share.map(Box::new);
+        self
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some((state, queue)) = self.slot.take() {
             state.in_flight.fetch_sub(1, Ordering::Relaxed);
+            drop(self.share.take());
             if let Some(q) = queue {
                 q.release();
             }
@@ -270,6 +287,7 @@ pub struct InFlightGuard {
     queue: Option<Arc<FlowQueue>>,
     /// Prefill tokens still counted as pending on the worker, and the prompt bytes.
     prefill: Option<(u64, u64)>,
+    share: Option<Box<ShareGuard>>,
 }
 
 impl InFlightGuard {
@@ -306,6 +324,8 @@ impl Drop for InFlightGuard {
         }
         self.state.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.state.stats.note_finished();
+        // The share first: the waiter woken next judges the shares as they are.
+        drop(self.share.take());
         if let Some(q) = &self.queue {
             q.release();
         }

@@ -25,6 +25,7 @@ use metrics::counter;
 use metrics::SharedString;
 use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use tokio::time::Instant;
 
 /// Forward to a worker chosen by the route's policy, retrying elsewhere on
@@ -208,8 +209,11 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 .map_or(0, |_| crate::runtime::clock::now_ms());
             self.rreq.elapsed_ms = self.ctx.start.elapsed().as_secs_f64() * 1e3;
             let slow = self.slow_workers();
-            let room =
+            let over = self.over_share();
+            let free =
                 |i: usize| self.eligible(i) && saturation::has_room(cfg, &route.workers[i], now);
+            let room =
+                |i: usize| free(i) && !(over && saturation::in_reserve(cfg, &route.workers[i]));
             let accept = |i: usize| room(i) && !slow.contains(&i);
             if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
                 // The slot is taken before anyone else is given a turn; lost to
@@ -217,7 +221,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 if queue.is_some() {
                     let limit = cfg.max_concurrency_per_worker;
                     match route.workers[d.index].try_reserve(limit, route.pool.queue.as_ref()) {
-                        Some(r) => self.reserved = Some(r),
+                        Some(r) => self.reserved = Some(r.with_share(self.share())),
                         None => continue,
                     }
                 }
@@ -225,8 +229,10 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 return Ok(Some(d));
             }
             let saturated = (0..route.workers.len()).any(|i| self.eligible(i));
-            // Turned down a worker with room: the waiters behind may take it.
-            self.declined = slow.iter().any(|&i| room(i));
+            // Turned down a worker with room (too slow, or its free slots kept
+            // for others): the waiters behind may take it.
+            self.declined =
+                slow.iter().any(|&i| room(i)) || (over && (0..route.workers.len()).any(free));
             match queue {
                 Some(q) if saturated => self.wait(q).await?,
                 _ => {
@@ -238,6 +244,33 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 }
             }
         }
+    }
+
+    /// The request's flow holds more than its share of the pool's tokens in
+    /// flight while another flow is active: a worker's reserved slots are not
+    /// for it (`pool::flow::share`).
+    fn over_share(&self) -> bool {
+        let Some(q) = self.shares() else {
+            return false;
+        };
+        let t = super::flow::ticket(self.ctx, self.prio, false);
+        q.over_share(t.flow, t.weight)
+    }
+
+    /// The request's tokens, counted in its flow's share while it is in flight.
+    fn share(&self) -> Option<crate::pool::flow::ShareGuard> {
+        let q = self.shares()?;
+        let t = super::flow::ticket(self.ctx, self.prio, false);
+        q.share(t.flow, t.weight, t.cost)
+    }
+
+    /// The pool's queue, when it keeps slots for flows within their share.
+    fn shares(&self) -> Option<&'c Arc<FlowQueue>> {
+        let pool = &self.ctx.route.pool;
+        let flow = pool.config.flow.as_ref()?;
+        (flow.reserved(pool.config.max_concurrency_per_worker) > 0)
+            .then_some(pool.queue.as_ref())
+            .flatten()
     }
 
     /// The eligible workers this request holds out against for now, as too slow

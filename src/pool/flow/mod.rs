@@ -15,6 +15,7 @@
 //! never pass a waiter of their class or above.
 
 pub mod saturation;
+pub mod share;
 pub mod wfq;
 
 pub use crate::config::{Preemption, Priority};
@@ -24,6 +25,7 @@ use metrics::{counter, gauge, histogram, SharedString};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -95,6 +97,9 @@ struct Inner {
     turn: Option<(Priority, Tag, u64)>,
     /// A release came while the turn was out.
     again: bool,
+    /// A waiter turned down a worker with room since the last dispatch: a
+    /// newcomer may be the one to take it, so its arrival offers a turn.
+    room_declined: bool,
 }
 
 impl Inner {
@@ -124,6 +129,23 @@ pub struct FlowQueue {
     /// lock to keep new requests behind waiters.
     pending: [AtomicUsize; 4],
     queued: AtomicUsize,
+    /// Tokens in flight per fairness flow ([`share`]).
+    shares: Mutex<share::Shares>,
+}
+
+/// A dispatched request's tokens, counted in its flow's share of the pool's
+/// busy slots until dropped (with the request's in-flight guard).
+pub struct ShareGuard {
+    queue: Arc<FlowQueue>,
+    flow: Arc<str>,
+    tokens: u64,
+}
+
+impl Drop for ShareGuard {
+    fn drop(&mut self) {
+        let now = crate::runtime::clock::now_ms();
+        self.queue.shares.lock().end(&self.flow, self.tokens, now);
+    }
 }
 
 /// A request's place in the queue, kept across waits (so a waiter whose grant
@@ -156,6 +178,7 @@ pub struct Ticket<'a> {
 impl FlowQueue {
     pub fn new(pool: SharedString, limits: QueueLimits) -> Self {
         let wfq = std::array::from_fn(|_| Wfq::new(limits.max_flows));
+        let shares = Mutex::new(share::Shares::new(limits.max_flows));
         FlowQueue {
             pool,
             limits,
@@ -168,10 +191,31 @@ impl FlowQueue {
                 next_running: 0,
                 turn: None,
                 again: false,
+                room_declined: false,
             }),
             pending: Default::default(),
             queued: AtomicUsize::new(0),
+            shares,
         }
+    }
+
+    /// Count `tokens` of `flow` (weight `weight`) in flight until the guard
+    /// drops (`None`: too many flows tracked already).
+    pub fn share(self: &Arc<Self>, flow: &str, weight: f64, tokens: u64) -> Option<ShareGuard> {
+        let now = crate::runtime::clock::now_ms();
+        let flow = self.shares.lock().start(flow, weight, tokens, now)?;
+        Some(ShareGuard {
+            queue: self.clone(),
+            flow,
+            tokens,
+        })
+    }
+
+    /// `flow` holds more than its weighted share of the pool's tokens in
+    /// flight while another flow is active (see [`share`]).
+    pub fn over_share(&self, flow: &str, weight: f64) -> bool {
+        let now = crate::runtime::clock::now_ms();
+        self.shares.lock().over(flow, weight, now)
     }
 
     /// Requests waiting now.
@@ -233,10 +277,12 @@ impl FlowQueue {
             inner.bytes += p.bytes;
             self.queued.fetch_add(1, Ordering::Relaxed);
             let passed = ticket.declined.then_some(p.tag);
+            inner.room_declined |= ticket.declined;
+            let probe = first && inner.turn.is_none() && inner.room_declined;
             (
                 p.started + self.limits.ttl[p.prio as usize],
                 p.prio,
-                owed,
+                owed || probe,
                 passed,
             )
         };
@@ -398,7 +444,11 @@ impl FlowQueue {
             .record(p.started.elapsed().as_secs_f64());
             // Virtual time follows the requests that leave with a worker, not
             // every turn given (a turn may be handed down the queue and declined).
-            self.inner.lock().wfq[p.prio as usize].served(p.tag);
+            {
+                let mut inner = self.inner.lock();
+                inner.wfq[p.prio as usize].served(p.tag);
+                inner.room_declined = false;
+            }
             // Dropping the place returns the turn; pass it on (maybe more room).
             drop(p);
             self.release();

@@ -2,7 +2,9 @@
 //! `[pools.flow_control]` the engine's running / waiting requests and KV usage
 //! (last fresh scrape, corrected by this gateway's own requests since) — and,
 //! for one request, a worker much slower for it than the best one while a
-//! faster one is expected to free up soon enough ([`holds_for_faster`]).
+//! faster one is expected to free up soon enough ([`holds_for_faster`]), or
+//! one whose free slots are reserved and the request's flow is over its share
+//! ([`in_reserve`]).
 
 use crate::config::PoolConfig;
 use crate::pool::Worker;
@@ -23,6 +25,14 @@ pub fn has_room(cfg: &PoolConfig, w: &Worker, now_ms: u64) -> bool {
     flow.max_running.is_none_or(|m| c.running < m)
         && flow.max_waiting.is_none_or(|m| c.waiting <= m)
         && flow.max_kv_usage.is_none_or(|m| c.kv_usage < m)
+}
+
+/// Worker `w`'s free slots are all among the last ones kept for flows within
+/// their share (`reserved_slots`; see `flow::share`).
+pub fn in_reserve(cfg: &PoolConfig, w: &Worker) -> bool {
+    let limit = cfg.max_concurrency_per_worker;
+    let reserved = cfg.flow.as_ref().map_or(0, |f| f.reserved(limit));
+    reserved > 0 && w.in_flight() + reserved >= limit
 }
 
 /// Whether the pool limits its workers at all (then it has a queue).

@@ -234,3 +234,35 @@ async fn a_waiter_leaves_at_its_own_deadline_before_the_class_ttl() {
         .await;
     assert_eq!(r, Err(QueueError::Timeout));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_newcomer_is_offered_the_room_a_waiter_turned_down() {
+    let q = queue(16, 1 << 20, 10_000);
+    // The first waiter is granted a turn, finds only a worker it turns down
+    // (too slow for it, or a slot kept for others) and goes back to wait.
+    let granted = tokio::spawn({
+        let q = q.clone();
+        async move {
+            let mut first = None;
+            let heavy = ticket(Priority::Normal, "heavy", 1000, 10);
+            q.wait(&heavy, &mut first, None).await.unwrap();
+            let again = Ticket {
+                declined: true,
+                ..ticket(Priority::Normal, "heavy", 1000, 10)
+            };
+            let r = tokio::time::timeout(Duration::from_secs(1), q.wait(&again, &mut first, None));
+            r.await.is_ok()
+        }
+    });
+    tokio::task::yield_now().await;
+    q.release(); // a slot frees: the only waiter gets the turn
+    tokio::task::yield_now().await;
+    // A newcomer joins with no release since: the room is offered to it (and
+    // to the waiter at the head, before it).
+    let mut place = None;
+    let light = ticket(Priority::Normal, "light", 10, 10);
+    let r = tokio::time::timeout(Duration::from_secs(1), q.wait(&light, &mut place, None)).await;
+    assert!(matches!(r, Ok(Ok(()))), "the newcomer got a turn");
+    q.dispatched(place);
+    drop(granted);
+}
