@@ -25,7 +25,8 @@ the median absolute TTFT prediction error (the access log's predicted_ttft_ms
 against ttft_ms, measured requests only). `NAME+flow` runs add the gateway's
 flow control (MAX_SEQS in flight per engine, `[pools.flow_control]` with
 `hold_for_faster = HOLD_FOR_FASTER` when set, else its default;
-`NAME+flow:R` sets it to R for that run). CAPACITY and ALONE_P99 skip those
+`NAME+flow:KEY=V,...` sets `[pools.flow_control]` keys for that run, e.g.
+`slo+flow:reserved_slots=0`). CAPACITY and ALONE_P99 skip those
 measurements with the figures of an earlier run. Each run's
 access log is kept as OUT_DIR/overload-POLICY.access.jsonl; request ids are
 `TAG-N-TENANT-CLASS`, so its queued_ms / dispatched_ms / ttft_ms split per
@@ -108,11 +109,13 @@ def start_sim(tmp: Path, name: str, profile: str) -> str:
 
 def start_gateway(tmp: Path, name: str, policy: str, urls: list[str]) -> str:
     policy, _, flow = policy.partition("+")
-    flow, _, hold = flow.partition(":")
-    hold = hold or HOLD_FOR_FASTER
+    flow, _, settings = flow.partition(":")
+    knobs = dict(kv.split("=", 1) for kv in settings.split(",") if kv)
+    if HOLD_FOR_FASTER:
+        knobs.setdefault("hold_for_faster", HOLD_FOR_FASTER)
     shed = "shed" if policy == "slo" else "downgrade"
     flow_lines = (f"max_concurrency_per_worker = {MAX_SEQS}\n[pools.flow_control]\n"
-                  + (f"hold_for_faster = {hold}\n" if hold else "")
+                  + "".join(f"{k} = {v}\n" for k, v in knobs.items())
                   if flow else "")
     workers = ", ".join(f'{{ url = "{u}" }}' for u in urls)
     cfg = tmp / f"{name}.toml"
