@@ -474,3 +474,54 @@ async fn the_prefix_policy_follows_an_eviction_the_approximate_index_cannot_see(
         "predicted {predicted}, actual {actual}"
     );
 }
+
+/// Cache hits in flight on the holder count only the prefill they still need:
+/// the prompt's exact token count (tokenized for the precise lookup) less the
+/// engine's cached tokens, not a byte estimate less them. A long-worded prompt
+/// estimated from its bytes at several times its tokens made every hit waiting
+/// for its first token look like a large prefill, and the holder of a busy
+/// prefix looked busier than an idle engine by more than the prompt: the
+/// prefix spilled to a second engine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_waiting_for_their_first_token_do_not_spill_their_prefix() {
+    let sims = sims(2, 4096).await;
+    let prefix = "policy = \"prefix\"";
+    let gw = gateway(&pool_config(&sims, "hits_pending", prefix, "", Some(""))).await;
+    wait_live(&gw.url(), &sims).await;
+    // Words of one sim token in six bytes: the estimate at 4 bytes a token is 1.5×.
+    let text: Vec<String> = (0..400).map(|i| format!("w{i:04}")).collect();
+    let text = text.join(" ");
+    let tokens = switchyard::sim::tokenizer::count(&text);
+    assert!(
+        text.len() / 4 >= tokens * 7 / 5,
+        "the byte estimate is over the tokens"
+    );
+    let (holder, _) = chat(&gw.url(), &text).await.unwrap();
+    let h = usize::from(holder != sims[0].url());
+    wait_caught_up(&gw.url(), &sims[h]).await;
+    // Five hits held before their first token on the holder.
+    let held: Vec<_> = (0..5)
+        .map(|_| {
+            let (url, b) = (gw.url(), body(&text));
+            tokio::spawn(async move {
+                let r = client()
+                    .post(format!("{url}/v1/chat/completions"))
+                    .header("x-sim-fault", "slow:30000")
+                    .json(&b)
+                    .send()
+                    .await;
+                drop(r);
+            })
+        })
+        .collect();
+    eventually(WAIT, "five hits in flight on the holder", || async {
+        (sims[h].requests_received() >= 6).then_some(())
+    })
+    .await;
+    assert_eq!(sims[1 - h].requests_received(), 0);
+    let (worker, reason) = chat(&gw.url(), &text).await.unwrap();
+    assert_eq!((worker, reason.as_str()), (holder, "prefix_hit"));
+    for t in held {
+        t.abort();
+    }
+}

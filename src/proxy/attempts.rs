@@ -461,7 +461,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
             predicted,
             precise: self.rreq.predicted_precisely(),
             est_cost,
-            size: ctx.size(predicted.unwrap_or(0)),
+            size: ctx.size_exact(&self.rreq, predicted.unwrap_or(0)),
         }
     }
 

@@ -128,6 +128,22 @@ impl ForwardContext<'_> {
             cached,
         )
     }
+
+    /// [`ForwardContext::size`], with the prompt's exact token count when
+    /// routing tokenized it: `cached` from the precise index is in the engine's
+    /// tokens, and an estimate from bytes would leave a phantom prefill of its
+    /// error on every cache hit (counted as the worker's pending work).
+    pub(crate) fn size_exact(&self, rreq: &RouteRequest<'_>, cached: u64) -> RequestSize {
+        let est = self.size(cached);
+        match rreq.prompt_tokens() {
+            Some(tokens) => RequestSize {
+                tokens,
+                prefill_tokens: tokens.saturating_sub(cached),
+                ..est
+            },
+            None => est,
+        }
+    }
 }
 
 /// Everything the forwarding phases need about one request.

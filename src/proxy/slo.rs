@@ -133,7 +133,7 @@ fn assess(
     let others = (0..ctx.route.workers.len()).filter(|&i| i != decision.index && eligible(i));
     let mut best: Option<(f64, f64)> = None;
     for i in std::iter::once(decision.index).chain(others) {
-        let size = ctx.size(if i == decision.index { cached } else { 0 });
+        let size = ctx.size_exact(rreq, if i == decision.index { cached } else { 0 });
         let Some(p) = ctx.route.workers[i].predict(size) else {
             return Verdict::Unknown;
         };

@@ -188,6 +188,12 @@ impl<'a> RouteRequest<'a> {
         }
     }
 
+    /// The prompt's exact token count, once a policy has tokenized it (the
+    /// precise index's lookup); `None` before or without that.
+    pub fn prompt_tokens(&self) -> Option<u64> {
+        self.prompt_keys.get()?.as_ref().map(|(_, n)| *n)
+    }
+
     /// Whether the last [`Policy::predicted_cached_tokens`] for this request
     /// came from the engines' KV events (the precise index).
     pub fn predicted_precisely(&self) -> bool {
