@@ -483,7 +483,7 @@ fn cancel_for(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
     prefill: Option<&str>,
-) -> Option<super::cancel::Cancel> {
+) -> Option<Box<super::cancel::Cancel>> {
     let pool = &ctx.route.pool;
     if pool.config.engine != crate::config::EngineKind::Sglang {
         return None;
@@ -492,13 +492,13 @@ fn cancel_for(
     if let Some(p) = ctx.route.workers.iter().find(|w| Some(&*w.id) == prefill) {
         workers.push(p.id.clone());
     }
-    Some(super::cancel::Cancel::new(
+    Some(Box::new(super::cancel::Cancel::new(
         ctx.client,
         &pool.config,
         pool.upstream_auth.as_ref(),
         workers,
         ctx.body.clone(),
-    ))
+    )))
 }
 
 /// Wrap the upstream response for the client: hop-by-hop headers dropped, body
