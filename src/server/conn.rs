@@ -176,6 +176,10 @@ pub(crate) async fn drive<C>(
     if closing {
         conn.as_mut().graceful_shutdown();
     }
+    // A second handle on the stop signal, to ask whether it changed without
+    // polling `changed` on every wake-up (a cooperative-budget poll and a
+    // waker registration each time, several times per request).
+    let probe = stop.clone();
     loop {
         let event = {
             let changed = stop.changed();
@@ -184,6 +188,7 @@ pub(crate) async fn drive<C>(
             // is polled only to register it and once it has fired: between, its
             // registration stands (same task), so a request pays nothing for it.
             let mut registered = false;
+            let mut watching = false;
             std::future::poll_fn(|cx| {
                 if let Poll::Ready(r) = conn.as_mut().poll(cx) {
                     return Poll::Ready(Event::Ended(r));
@@ -191,8 +196,13 @@ pub(crate) async fn drive<C>(
                 if closing {
                     return Poll::Pending;
                 }
-                if changed.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Event::Stop);
+                // Polled once to register the waker (same task, so it stands),
+                // then again only once the signal has changed or its sender is gone.
+                if !watching || probe.has_changed().unwrap_or(true) {
+                    watching = true;
+                    if changed.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Event::Stop);
+                    }
                 }
                 if !registered || check.is_elapsed() {
                     registered = true;
