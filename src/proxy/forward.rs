@@ -254,7 +254,9 @@ pub(crate) async fn send_attempt(
         Ok(r) => r,
         Err(e) => return (Err(e), None),
     };
-    let since_arrival = ctx.start.elapsed().as_secs_f64() * 1e3;
+    // One clock read for the dispatch record and the attempt's timing.
+    let sent = crate::runtime::clock::now();
+    let since_arrival = sent.saturating_duration_since(ctx.start).as_secs_f64() * 1e3;
     ctx.tags
         .dispatch
         .set(worker.dispatch(size).at(since_arrival));
@@ -262,7 +264,6 @@ pub(crate) async fn send_attempt(
         Some(r) => worker.begin_reserved(r, size),
         None => worker.begin(route.pool.queue.as_ref(), size),
     };
-    let sent = crate::runtime::clock::now();
     let until = (sent + ctx.timeouts.first_byte).min(deadline);
     let wait = until.saturating_duration_since(sent);
     let result =
