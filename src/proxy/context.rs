@@ -29,8 +29,10 @@ pub struct RequestTags {
     /// The pool the model name resolved to.
     pub pool: Option<SharedString>,
     /// The request's share of its tenant's limits: concurrency slots held until
-    /// this context drops, the token estimate corrected at `finish`.
-    pub admitted: Option<crate::tenancy::limits::Admitted>,
+    /// this context drops, the token estimate corrected at `finish`. Boxed:
+    /// only tenants with limits have one, and every request's context is
+    /// moved into its `Arc` (a shared-store hold is a few hundred bytes).
+    pub admitted: Option<Box<crate::tenancy::limits::Admitted>>,
     attempts: AtomicU32,
     /// Time spent waiting on workers, the pool queue and retry backoff (ns).
     waited_ns: AtomicU64,

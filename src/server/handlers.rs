@@ -461,7 +461,7 @@ impl<'a> Inbound<'a> {
             .await
             .map_err(|r| refused_by_tenancy(GatewayError::Limited(r)))?;
         if let Some(t) = unshared(tags) {
-            t.admitted = admitted;
+            t.admitted = admitted.map(Box::new);
         }
         Ok(())
     }
