@@ -75,7 +75,6 @@ where
 {
     let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
-    let request_id = request_id::get_or_make(&parts.headers);
     let own = match Own::scan(&parts.headers) {
         Ok(own) => own,
         Err(name) => {
@@ -87,6 +86,7 @@ where
             );
         }
     };
+    let request_id = request_id::get_or_make_noted(&parts.headers, own);
     let snap = gw.routes.snapshot();
     let inbound = Inbound {
         gw: &gw,
@@ -167,7 +167,7 @@ impl<'a> Inbound<'a> {
             .tracing
             .as_ref()
             .map(|t| t.sample_ratio);
-        let trace = TraceContext::from_headers(headers, sample);
+        let trace = TraceContext::from_header(self.own.get(headers, Name::TraceParent), sample);
         // Shared with the response observer once a worker answers; until the first
         // attempt nothing else holds it, so the later phases can still fill it in.
         let tags = RequestTags::new(
