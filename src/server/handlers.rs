@@ -217,11 +217,11 @@ impl<'a> Inbound<'a> {
             self.endpoint,
             self.request_id,
         )?;
-        let ctx = ForwardContext {
+        let mut ctx = ForwardContext {
             pinned,
             ..self.context(route, pool_body, &info, tags, residency.as_ref())
         };
-        let answer = proxy::forward_with_fallbacks(ctx, self.snap, &body).await;
+        let answer = proxy::forward_with_fallbacks(&mut ctx, self.snap, &body).await;
         match (answer, &info.previous_response_id) {
             (Err(e), Some(id)) if pinned.is_some() => Err(owner_failed(id, e)),
             (answer, _) => answer,
