@@ -157,13 +157,12 @@ impl RequestTags {
     /// Phase: finish. The request ended (answered, failed or refused): every
     /// sink is fed once, and its limits learn the tokens it used and its cost.
     pub fn finish(&self, endpoint: &'static str, status: u16, end: End<'_>) {
-        let request_id = self.request_id.to_str().unwrap_or("");
         let used = match &end {
             End::Proxied { m, .. } => m.prompt_tokens.map(|p| p + m.output_tokens),
             End::Refused { .. } => Some(0),
         };
         let usd = self.sinks.finish(&RequestRecord {
-            request_id,
+            request_id: &self.request_id,
             tenant: &self.tenant.name,
             tenant_label: &self.tenant_label,
             trace: &self.trace,
