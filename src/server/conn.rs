@@ -84,6 +84,14 @@ impl ConnTimeouts {
     }
 }
 
+/// What [`ConnState::admit`]'s pass over a request's headers noticed, so the
+/// next step need not look it up again.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Noticed {
+    /// The request has an `Origin` header (a browser's: CORS applies).
+    pub origin: bool,
+}
+
 impl ConnState {
     /// A request's headers arrived: check what the protocol layer leaves to us.
     /// Counts the request for the idle watchdog.
@@ -91,7 +99,7 @@ impl ConnState {
         &self,
         req: &http::Request<B>,
         limits: HeaderLimits,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<Noticed, GatewayError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         if self.bare_lf.load(Ordering::Relaxed) {
             Closed::BadFraming.count();
@@ -107,17 +115,24 @@ impl ConnState {
                 limits.max_headers
             )));
         }
-        let bytes: usize = headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum();
+        // One pass: the section's size, and which rare headers need a look.
+        let (mut bytes, mut te) = (0usize, false);
+        let mut noticed = Noticed::default();
+        for (k, v) in headers {
+            bytes += k.as_str().len() + v.len() + 4;
+            te |= k == http::header::TRANSFER_ENCODING;
+            noticed.origin |= k == http::header::ORIGIN;
+        }
         if bytes > limits.max_header_bytes {
             return Err(GatewayError::HeadersTooLarge(format!(
                 "{bytes} bytes of headers, more than the limit of {}",
                 limits.max_header_bytes
             )));
         }
-        if let Some(te) = headers.get(http::header::TRANSFER_ENCODING) {
+        if let Some(te) = te
+            .then(|| headers.get(http::header::TRANSFER_ENCODING))
+            .flatten()
+        {
             let only_chunked = headers
                 .get_all(http::header::TRANSFER_ENCODING)
                 .iter()
@@ -131,7 +146,7 @@ impl ConnState {
                 ));
             }
         }
-        Ok(())
+        Ok(noticed)
     }
 
     fn requests(&self) -> u64 {
