@@ -35,10 +35,17 @@ pub enum Name {
     ApiKey,
     SloTtft,
     SloTpot,
+    /// `Authorization`: not the gateway's own, but read on every request (the
+    /// tenant's key), and most requests to a gateway without keys carry none.
+    Authorization,
+    /// W3C `traceparent`: read on every request, carried by few.
+    TraceParent,
+    /// `x-request-id`, kept when the client sends a sane one.
+    RequestId,
 }
 
 /// In [`Name`]'s order.
-static NAMES: [HeaderName; 8] = [
+static NAMES: [HeaderName; 11] = [
     SESSION_HEADER,
     TENANT_HEADER,
     PRIORITY_HEADER,
@@ -47,6 +54,9 @@ static NAMES: [HeaderName; 8] = [
     API_KEY_HEADER,
     TTFT_HEADER,
     TPOT_HEADER,
+    http::header::AUTHORIZATION,
+    HeaderName::from_static("traceparent"),
+    HeaderName::from_static("x-request-id"),
 ];
 
 impl Name {
@@ -64,6 +74,9 @@ impl Name {
             "x-api-key" => Name::ApiKey,
             "x-slo-ttft-ms" => Name::SloTtft,
             "x-slo-tpot-ms" => Name::SloTpot,
+            "authorization" => Name::Authorization,
+            "traceparent" => Name::TraceParent,
+            "x-request-id" => Name::RequestId,
             _ => return None,
         })
     }
@@ -92,7 +105,15 @@ impl Own {
     pub fn scan(headers: &HeaderMap) -> Result<Own, &'static str> {
         let mut bits = 0u16;
         for (name, value) in headers {
+            if name == http::header::AUTHORIZATION {
+                bits |= 1 << Name::Authorization as u16;
+                continue;
+            }
             let s = name.as_str();
+            if s == "traceparent" {
+                bits |= 1 << Name::TraceParent as u16;
+                continue;
+            }
             if !s.starts_with("x-") {
                 continue;
             }
@@ -138,9 +159,25 @@ mod tests {
         let own = Own::scan(&h).unwrap();
         assert_eq!(own.get_str(&h, Name::Session), Some("s-1"));
         assert_eq!(own.get_str(&h, Name::SloTtft), Some("200"));
-        for n in [Name::Tenant, Name::Priority, Name::Policy, Name::ApiKey] {
+        for n in [
+            Name::Tenant,
+            Name::Priority,
+            Name::Policy,
+            Name::ApiKey,
+            Name::Authorization,
+        ] {
             assert!(!own.has(n), "{n:?}");
         }
+        assert!(!own.has(Name::TraceParent));
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer k"),
+        );
+        h.insert("traceparent", HeaderValue::from_static("00-1-2-01"));
+        let own = Own::scan(&h).unwrap();
+        assert_eq!(own.get_str(&h, Name::Authorization), Some("Bearer k"));
+        assert_eq!(own.get_str(&h, Name::TraceParent), Some("00-1-2-01"));
+        assert_eq!(own.get_str(&h, Name::Session), Some("s-1"));
         // ANY looks everything up in the map.
         assert_eq!(Own::ANY.get_str(&h, Name::Session), Some("s-1"));
         assert_eq!(Own::ANY.get(&h, Name::Policy), None);

@@ -29,8 +29,10 @@ pub struct RequestTags {
     /// The pool the model name resolved to.
     pub pool: Option<SharedString>,
     /// The request's share of its tenant's limits: concurrency slots held until
-    /// this context drops, the token estimate corrected at `finish`.
-    pub admitted: Option<crate::tenancy::limits::Admitted>,
+    /// this context drops, the token estimate corrected at `finish`. Boxed:
+    /// only tenants with limits have one, and every request's context is
+    /// moved into its `Arc` (a shared-store hold is a few hundred bytes).
+    pub admitted: Option<Box<crate::tenancy::limits::Admitted>>,
     attempts: AtomicU32,
     /// Time spent waiting on workers, the pool queue and retry backoff (ns).
     waited_ns: AtomicU64,
@@ -155,13 +157,12 @@ impl RequestTags {
     /// Phase: finish. The request ended (answered, failed or refused): every
     /// sink is fed once, and its limits learn the tokens it used and its cost.
     pub fn finish(&self, endpoint: &'static str, status: u16, end: End<'_>) {
-        let request_id = self.request_id.to_str().unwrap_or("");
         let used = match &end {
             End::Proxied { m, .. } => m.prompt_tokens.map(|p| p + m.output_tokens),
             End::Refused { .. } => Some(0),
         };
         let usd = self.sinks.finish(&RequestRecord {
-            request_id,
+            request_id: &self.request_id,
             tenant: &self.tenant.name,
             tenant_label: &self.tenant_label,
             trace: &self.trace,

@@ -270,7 +270,9 @@ pub(crate) async fn send_attempt(
         Ok(r) => r,
         Err(e) => return (Err(e), None),
     };
-    let since_arrival = ctx.start.elapsed().as_secs_f64() * 1e3;
+    // One clock read for the dispatch record and the attempt's timing.
+    let sent = crate::runtime::clock::now();
+    let since_arrival = sent.saturating_duration_since(ctx.start).as_secs_f64() * 1e3;
     ctx.tags
         .dispatch
         .set(worker.dispatch(size).at(since_arrival));
@@ -278,7 +280,6 @@ pub(crate) async fn send_attempt(
         Some(r) => worker.begin_reserved(r, size),
         None => worker.begin(route.pool.queue.as_ref(), size),
     };
-    let sent = crate::runtime::clock::now();
     let until = (sent + ctx.timeouts.first_byte).min(deadline);
     let wait = until.saturating_duration_since(sent);
     let result =
@@ -499,7 +500,7 @@ fn cancel_for(
     ctx: &ForwardContext<'_>,
     worker: &Worker,
     prefill: Option<&str>,
-) -> Option<super::cancel::Cancel> {
+) -> Option<Box<super::cancel::Cancel>> {
     let pool = &ctx.route.pool;
     if pool.config.engine != crate::config::EngineKind::Sglang {
         return None;
@@ -508,13 +509,13 @@ fn cancel_for(
     if let Some(p) = ctx.route.workers.iter().find(|w| Some(&*w.id) == prefill) {
         workers.push(p.id.clone());
     }
-    Some(super::cancel::Cancel::new(
+    Some(Box::new(super::cancel::Cancel::new(
         ctx.client,
         &pool.config,
         pool.upstream_auth.as_ref(),
         workers,
         ctx.body.clone(),
-    ))
+    )))
 }
 
 /// Wrap the upstream response for the client: hop-by-hop headers dropped, body

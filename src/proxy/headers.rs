@@ -4,21 +4,23 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) plus proxy credentials.
-const HOP_BY_HOP: &[HeaderName] = &[
-    header::CONNECTION,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
+/// Hop-by-hop headers (RFC 9110 §7.6.1: `Connection`, `TE`, `Trailer`,
+/// `Transfer-Encoding`, `Upgrade`, `Keep-Alive`, `Proxy-Connection`) plus proxy
+/// credentials. One match on the name's text: every header of every request
+/// and response is asked, and a list of names compared one by one cost more.
 fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
-        || name.as_str() == "keep-alive"
-        || name.as_str() == "proxy-connection"
+    matches!(
+        name.as_str(),
+        "connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "keep-alive"
+            | "proxy-connection"
+    )
 }
 
 /// Client credentials a gateway key or a tenant key travels in; forwarded only
@@ -47,8 +49,16 @@ pub fn stays_at_gateway(name: &HeaderName, pass_client_auth: bool, allow: &[Stri
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the few names first: most messages carry none of them, and
     // looking each listed name up by hash costs more than this scan.
-    if !headers.keys().any(is_hop_by_hop) {
-        return;
+    let mut hop = headers.keys().filter(|k| is_hop_by_hop(k));
+    match (hop.next(), hop.next()) {
+        (None, _) => return,
+        // The usual upstream answer says only `Connection: keep-alive`: one
+        // removal, without parsing the value's list or scanning again.
+        (Some(k), None) if k == header::CONNECTION && names_no_header(headers) => {
+            headers.remove(header::CONNECTION);
+            return;
+        }
+        _ => {}
     }
     // Without collecting into vectors or building names: this runs on every
     // upstream response that says `Connection: keep-alive`.
@@ -76,31 +86,50 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Every `Connection` value is one of the usual options (`keep-alive`,
+/// `close`), which name no other header to remove.
+fn names_no_header(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .all(|v| usual_option(v.as_bytes().trim_ascii()))
+}
+
+/// `close` names no header and `Keep-Alive` is hop-by-hop anyway.
+fn usual_option(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"keep-alive") || name.eq_ignore_ascii_case(b"close")
+}
+
 /// A copy of `src` without its hop-by-hop headers and without those `drop` names,
 /// with room for `extra` more. Building the copy costs the same as a clone but
 /// leaves room for the headers the caller adds, so inserting them does not grow it.
 pub fn forwardable(src: &HeaderMap, extra: usize, drop: impl Fn(&HeaderName) -> bool) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(src.keys_len() + extra);
+    let mut connection = false;
     for (name, value) in src {
-        if !is_hop_by_hop(name) && !drop(name) {
+        if is_hop_by_hop(name) {
+            connection |= name == header::CONNECTION;
+        } else if !drop(name) {
             out.append(name.clone(), value.clone());
         }
     }
-    for v in src.get_all(header::CONNECTION) {
-        remove_listed(&mut out, v);
+    // Most requests carry no `Connection` header: no lookup for one then.
+    if connection {
+        for v in src.get_all(header::CONNECTION) {
+            remove_listed(&mut out, v);
+        }
     }
     out
 }
 
 /// Remove the headers a `Connection` value lists. A `&str` name is looked up
 /// case-insensitively without allocating; one that is not a valid name matches nothing.
-/// The usual options, `keep-alive` and `close`, are skipped without a lookup:
-/// `close` names no header and `Keep-Alive` is hop-by-hop anyway.
+/// The usual options, `keep-alive` and `close`, are skipped without a lookup
+/// (see [`usual_option`]).
 fn remove_listed(headers: &mut HeaderMap, connection: &HeaderValue) {
     let Ok(v) = connection.to_str() else { return };
     for name in v.split(',').map(str::trim) {
-        let usual = name.eq_ignore_ascii_case("keep-alive") || name.eq_ignore_ascii_case("close");
-        if !name.is_empty() && !usual {
+        if !name.is_empty() && !usual_option(name.as_bytes()) {
             headers.remove(name);
         }
     }
@@ -164,6 +193,47 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn hop_by_hop_names() {
+        for n in [
+            header::CONNECTION,
+            header::PROXY_AUTHENTICATE,
+            header::PROXY_AUTHORIZATION,
+            header::TE,
+            header::TRAILER,
+            header::TRANSFER_ENCODING,
+            header::UPGRADE,
+            HeaderName::from_static("keep-alive"),
+            HeaderName::from_static("proxy-connection"),
+        ] {
+            assert!(is_hop_by_hop(&n), "{n}");
+        }
+        for n in [header::CONTENT_LENGTH, header::HOST, header::AUTHORIZATION] {
+            assert!(!is_hop_by_hop(&n), "{n}");
+        }
+        assert!(!is_hop_by_hop(&HeaderName::from_static("x-keep-alive")));
+    }
+
+    #[test]
+    fn a_lone_usual_connection_option_is_removed_and_nothing_else() {
+        for v in ["keep-alive", " Keep-Alive ", "close"] {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONNECTION, v.parse().unwrap());
+            h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
+            h.insert("x-other", "1".parse().unwrap());
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.len(), 2, "{v}: {h:?}");
+            assert!(!h.contains_key(header::CONNECTION), "{v}");
+        }
+        // The usual option beside another hop-by-hop header: both go.
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert(header::ACCEPT, "*/*".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
     }
 
     #[test]

@@ -126,8 +126,10 @@ pub struct ObserveParams {
     /// The route this response took.
     pub route: RouteTags,
     /// How to tell the engine when the client leaves (SGLang pools); other
-    /// engines see the connection close.
-    pub cancel: Option<super::cancel::Cancel>,
+    /// engines see the connection close. Boxed: it holds a whole upstream
+    /// client, and every observer would otherwise carry room for one (an
+    /// observer over 1 KiB takes the allocator's slow path).
+    pub cancel: Option<Box<super::cancel::Cancel>>,
     /// End a failed stream with Anthropic's `error` event instead of OpenAI's.
     pub anthropic_errors: bool,
     /// Prompt tokens estimated from the request, counted when the answer

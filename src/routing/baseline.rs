@@ -45,6 +45,22 @@ impl Policy for RoundRobin {
         first_accepted(start, workers.len(), accept, Reason::RoundRobin)
     }
 
+    /// Needs neither the clock nor randomness: the default `pick` would read both.
+    fn pick(
+        &self,
+        req: &RouteRequest<'_>,
+        workers: &[Arc<Worker>],
+        accept: &dyn Fn(usize) -> bool,
+    ) -> Option<Decision> {
+        self.pick_at(
+            req,
+            workers,
+            accept,
+            0,
+            &mut rand::rngs::mock::StepRng::new(0, 0),
+        )
+    }
+
     fn record(&self, decision: &Decision, _req: &RouteRequest<'_>, _workers: &[Arc<Worker>]) {
         self.next.store(decision.index + 1, Ordering::Relaxed);
     }

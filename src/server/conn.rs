@@ -84,6 +84,14 @@ impl ConnTimeouts {
     }
 }
 
+/// What [`ConnState::admit`]'s pass over a request's headers noticed, so the
+/// next step need not look it up again.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Noticed {
+    /// The request has an `Origin` header (a browser's: CORS applies).
+    pub origin: bool,
+}
+
 impl ConnState {
     /// A request's headers arrived: check what the protocol layer leaves to us.
     /// Counts the request for the idle watchdog.
@@ -91,7 +99,7 @@ impl ConnState {
         &self,
         req: &http::Request<B>,
         limits: HeaderLimits,
-    ) -> Result<(), GatewayError> {
+    ) -> Result<Noticed, GatewayError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         if self.bare_lf.load(Ordering::Relaxed) {
             Closed::BadFraming.count();
@@ -107,17 +115,24 @@ impl ConnState {
                 limits.max_headers
             )));
         }
-        let bytes: usize = headers
-            .iter()
-            .map(|(k, v)| k.as_str().len() + v.len() + 4)
-            .sum();
+        // One pass: the section's size, and which rare headers need a look.
+        let (mut bytes, mut te) = (0usize, false);
+        let mut noticed = Noticed::default();
+        for (k, v) in headers {
+            bytes += k.as_str().len() + v.len() + 4;
+            te |= k == http::header::TRANSFER_ENCODING;
+            noticed.origin |= k == http::header::ORIGIN;
+        }
         if bytes > limits.max_header_bytes {
             return Err(GatewayError::HeadersTooLarge(format!(
                 "{bytes} bytes of headers, more than the limit of {}",
                 limits.max_header_bytes
             )));
         }
-        if let Some(te) = headers.get(http::header::TRANSFER_ENCODING) {
+        if let Some(te) = te
+            .then(|| headers.get(http::header::TRANSFER_ENCODING))
+            .flatten()
+        {
             let only_chunked = headers
                 .get_all(http::header::TRANSFER_ENCODING)
                 .iter()
@@ -131,7 +146,7 @@ impl ConnState {
                 ));
             }
         }
-        Ok(())
+        Ok(noticed)
     }
 
     fn requests(&self) -> u64 {
@@ -176,6 +191,10 @@ pub(crate) async fn drive<C>(
     if closing {
         conn.as_mut().graceful_shutdown();
     }
+    // A second handle on the stop signal, to ask whether it changed without
+    // polling `changed` on every wake-up (a cooperative-budget poll and a
+    // waker registration each time, several times per request).
+    let probe = stop.clone();
     loop {
         let event = {
             let changed = stop.changed();
@@ -184,6 +203,7 @@ pub(crate) async fn drive<C>(
             // is polled only to register it and once it has fired: between, its
             // registration stands (same task), so a request pays nothing for it.
             let mut registered = false;
+            let mut watching = false;
             std::future::poll_fn(|cx| {
                 if let Poll::Ready(r) = conn.as_mut().poll(cx) {
                     return Poll::Ready(Event::Ended(r));
@@ -191,8 +211,13 @@ pub(crate) async fn drive<C>(
                 if closing {
                     return Poll::Pending;
                 }
-                if changed.as_mut().poll(cx).is_ready() {
-                    return Poll::Ready(Event::Stop);
+                // Polled once to register the waker (same task, so it stands),
+                // then again only once the signal has changed or its sender is gone.
+                if !watching || probe.has_changed().unwrap_or(true) {
+                    watching = true;
+                    if changed.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(Event::Stop);
+                    }
                 }
                 if !registered || check.is_elapsed() {
                     registered = true;

@@ -75,7 +75,6 @@ where
 {
     let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
-    let request_id = request_id::get_or_make(&parts.headers);
     let own = match Own::scan(&parts.headers) {
         Ok(own) => own,
         Err(name) => {
@@ -87,6 +86,7 @@ where
             );
         }
     };
+    let request_id = request_id::get_or_make_noted(&parts.headers, own);
     let snap = gw.routes.snapshot();
     let inbound = Inbound {
         gw: &gw,
@@ -167,7 +167,7 @@ impl<'a> Inbound<'a> {
             .tracing
             .as_ref()
             .map(|t| t.sample_ratio);
-        let trace = TraceContext::from_headers(headers, sample);
+        let trace = TraceContext::from_header(self.own.get(headers, Name::TraceParent), sample);
         // Shared with the response observer once a worker answers; until the first
         // attempt nothing else holds it, so the later phases can still fill it in.
         let tags = RequestTags::new(
@@ -217,11 +217,11 @@ impl<'a> Inbound<'a> {
             self.endpoint,
             self.request_id,
         )?;
-        let ctx = ForwardContext {
+        let mut ctx = ForwardContext {
             pinned,
             ..self.context(route, pool_body, &info, tags, residency.as_ref())
         };
-        let answer = proxy::forward_with_fallbacks(ctx, self.snap, &body).await;
+        let answer = proxy::forward_with_fallbacks(&mut ctx, self.snap, &body).await;
         match (answer, &info.previous_response_id) {
             (Err(e), Some(id)) if pinned.is_some() => Err(owner_failed(id, e)),
             (answer, _) => answer,
@@ -461,7 +461,7 @@ impl<'a> Inbound<'a> {
             .await
             .map_err(|r| refused_by_tenancy(GatewayError::Limited(r)))?;
         if let Some(t) = unshared(tags) {
-            t.admitted = admitted;
+            t.admitted = admitted.map(Box::new);
         }
         Ok(())
     }

@@ -221,12 +221,19 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
 
     fn call(&self, req: http::Request<hyper::body::Incoming>) -> Self::Future {
         crate::runtime::busy_poll::touch();
-        if let Err(e) = self.conn.admit(&req, self.limits) {
-            let anthropic = crate::api::Endpoint::from_path(req.uri().path()).is_anthropic();
-            let resp = handlers::refuse_for(&e, req.headers(), anthropic);
-            return Box::pin(std::future::ready(Ok(resp)));
-        }
-        if let Some(origin) = req.headers().get(http::header::ORIGIN).cloned() {
+        let noticed = match self.conn.admit(&req, self.limits) {
+            Ok(n) => n,
+            Err(e) => {
+                let anthropic = crate::api::Endpoint::from_path(req.uri().path()).is_anthropic();
+                let resp = handlers::refuse_for(&e, req.headers(), anthropic);
+                return Box::pin(std::future::ready(Ok(resp)));
+            }
+        };
+        let origin = noticed
+            .origin
+            .then(|| req.headers().get(http::header::ORIGIN).cloned())
+            .flatten();
+        if let Some(origin) = origin {
             if let Some(cors) = self.gw.registry.config().server.cors.clone() {
                 return self.call_cors(req, cors, origin);
             }

@@ -1,6 +1,7 @@
 //! Request ids: the client's `x-request-id` when it is sane, else a fresh one
 //! (a per-process random prefix plus a counter: unique, and no syscall per request).
 
+use crate::api::headers::{Name, Own};
 use crate::telemetry::trace::hex_into;
 use http::{HeaderMap, HeaderValue};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,14 +14,24 @@ static PREFIX: LazyLock<u32> = LazyLock::new(rand::random);
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
 pub fn get_or_make(headers: &HeaderMap) -> HeaderValue {
-    if let Some(v) = headers.get(HEADER) {
-        let ok = !v.is_empty()
-            && v.len() <= MAX_LEN
-            && v.as_bytes().iter().all(|b| b.is_ascii_graphic());
-        if ok {
-            return v.clone();
-        }
-    }
+    sane(headers.get(HEADER)).unwrap_or_else(make)
+}
+
+/// [`get_or_make`] for a request whose headers [`Own::scan`] noted: no lookup
+/// when it sent no id.
+pub fn get_or_make_noted(headers: &HeaderMap, own: Own) -> HeaderValue {
+    sane(own.get(headers, Name::RequestId)).unwrap_or_else(make)
+}
+
+/// The client's id, if it is one to keep.
+fn sane(v: Option<&HeaderValue>) -> Option<HeaderValue> {
+    let v = v?;
+    let ok =
+        !v.is_empty() && v.len() <= MAX_LEN && v.as_bytes().iter().all(|b| b.is_ascii_graphic());
+    ok.then(|| v.clone())
+}
+
+fn make() -> HeaderValue {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     // `sy-{prefix:08x}-{n:012x}`, written by hand: this runs for every request and
     // `format!` costs more than the rest of the id.
@@ -54,6 +65,21 @@ mod tests {
         h.insert(HEADER, "x".repeat(200).parse().unwrap());
         let made = get_or_make(&h);
         assert!(made.to_str().unwrap().starts_with("sy-"));
+        // The same through the scanned headers.
+        let own = Own::scan(&h).unwrap();
+        assert!(get_or_make_noted(&h, own)
+            .to_str()
+            .unwrap()
+            .starts_with("sy-"));
+        h.insert(HEADER, "abc-123".parse().unwrap());
+        let own = Own::scan(&h).unwrap();
+        assert_eq!(get_or_make_noted(&h, own), "abc-123");
+        assert!(
+            get_or_make_noted(&HeaderMap::new(), Own::scan(&HeaderMap::new()).unwrap())
+                .to_str()
+                .unwrap()
+                .starts_with("sy-")
+        );
         assert_ne!(
             get_or_make(&HeaderMap::new()),
             get_or_make(&HeaderMap::new())

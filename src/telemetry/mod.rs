@@ -158,8 +158,8 @@ pub struct PairMetrics {
     attempt_ok: LocalCounter,
     /// `switchyard_requests_total` by (pool, region, tenant, endpoint, status, class, outcome).
     pub requests: CounterCache<RequestsKey>,
-    /// `switchyard_tokens_total` by (pool, region, tenant, kind).
-    pub tokens: CounterCache<TokensKey>,
+    /// `switchyard_tokens_total` by (pool, region, tenant), then kind.
+    pub tokens: CounterCache<TokensKey, TokenCounters>,
 }
 
 /// Label values of `switchyard_requests_total` beyond the (model, worker) pair.
@@ -172,8 +172,9 @@ pub type RequestsKey = (
     &'static str,
     &'static str,
 );
-/// Label values of `switchyard_tokens_total` beyond the (model, worker) pair.
-pub type TokensKey = (SharedString, SharedString, SharedString, &'static str);
+/// Label values of `switchyard_tokens_total` beyond the (model, worker) pair
+/// and the kind (one [`TokenCounters`] holds the kinds).
+pub type TokensKey = (SharedString, SharedString, SharedString);
 /// [`RequestsKey`] borrowed.
 pub type RequestsRef<'a> = (
     &'a SharedString,
@@ -185,12 +186,23 @@ pub type RequestsRef<'a> = (
     &'static str,
 );
 /// [`TokensKey`] borrowed.
-pub type TokensRef<'a> = (
-    &'a SharedString,
-    &'a SharedString,
-    &'a SharedString,
-    &'static str,
-);
+pub type TokensRef<'a> = (&'a SharedString, &'a SharedString, &'a SharedString);
+
+/// Token kinds, in [`TokenCounters`] order.
+pub const TOKEN_KINDS: [&str; 3] = ["prompt", "cached", "output"];
+
+/// One label set's `switchyard_tokens_total` counters by kind (in
+/// [`TOKEN_KINDS`] order): an answered request counts its kinds with one
+/// cache lookup, and each kind's series is registered when first counted.
+#[derive(Default)]
+pub struct TokenCounters([std::cell::OnceCell<Arc<LocalCount>>; 3]);
+
+impl TokenCounters {
+    /// Add `n` to kind `i`, registering its counter with `make` the first time.
+    pub fn add(&self, i: usize, n: u64, make: impl FnOnce() -> Counter) {
+        self.0[i].get_or_init(|| local::counter_slot(make())).add(n);
+    }
+}
 
 /// Endpoint labels, in `api::Endpoint` order.
 pub const ENDPOINTS: [&str; 7] = [
@@ -259,18 +271,40 @@ impl PairMetrics {
 /// metrics `Key` (a label vector) and looking it up in the recorder's registry.
 /// Each serving thread has its own map, so a lookup takes no lock and clones
 /// nothing that another thread touches. Keys are made of bounded label values
-/// only, so every map is bounded too.
-pub struct CounterCache<K: Send>(
-    ThreadLocal<RefCell<hashbrown::HashMap<K, Arc<LocalCount>, RandomState>>>,
+/// only, so every map is bounded too. An entry (`V`) is one counter, or a few
+/// that share the key's labels.
+pub struct CounterCache<K: Send, V: Send = Arc<LocalCount>>(
+    ThreadLocal<RefCell<hashbrown::HashMap<K, V, RandomState>>>,
 );
 
 /// A concurrent map with a fast non-cryptographic hasher, for keys made of
 /// bounded label values (never client-controlled strings).
 pub type FastMap<K, V> = DashMap<K, V, RandomState>;
 
-impl<K: Send> Default for CounterCache<K> {
+impl<K: Send, V: Send> Default for CounterCache<K, V> {
     fn default() -> Self {
         CounterCache(ThreadLocal::new())
+    }
+}
+
+impl<K: Hash + Eq + Send, V: Send> CounterCache<K, V> {
+    /// Call `f` with this thread's entry for `key` (and the owned key), made
+    /// with `make` the first time.
+    pub fn with<Q: CacheKey<K>, R>(
+        &self,
+        key: &Q,
+        make: impl FnOnce(&K) -> V,
+        f: impl FnOnce(&K, &V) -> R,
+    ) -> R {
+        let mut map = self.0.get_or_default().borrow_mut();
+        if let Some((k, v)) = map.get_key_value(key) {
+            return f(k, v);
+        }
+        let k = key.to_key();
+        let v = make(&k);
+        let r = f(&k, &v);
+        map.insert(k, v);
+        r
     }
 }
 
@@ -278,15 +312,7 @@ impl<K: Hash + Eq + Send> CounterCache<K> {
     /// Add `n` to the counter for `key`, registering it with `make` the first time
     /// on this thread.
     pub fn increment<Q: CacheKey<K>>(&self, key: &Q, n: u64, make: impl FnOnce(&K) -> Counter) {
-        let mut map = self.0.get_or_default().borrow_mut();
-        if let Some(c) = map.get(key) {
-            c.add(n);
-            return;
-        }
-        let k = key.to_key();
-        let c = local::counter_slot(make(&k));
-        c.add(n);
-        map.insert(k, c);
+        self.with(key, |k| local::counter_slot(make(k)), |_, c| c.add(n));
     }
 }
 
@@ -309,10 +335,23 @@ impl<K: Hash + Eq + Copy> CacheKey<K> for K {
 #[derive(Hash)]
 pub struct Borrowed<T>(pub T);
 
+/// Equal label values, found by address first: a request's values are
+/// usually the very strings its cached key was made from.
+#[inline]
+fn same(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
 impl hashbrown::Equivalent<RequestsKey> for Borrowed<RequestsRef<'_>> {
     fn equivalent(&self, k: &RequestsKey) -> bool {
         let b = &self.0;
-        (b.0, b.1, b.2) == (&k.0, &k.1, &k.2) && (b.3, b.4, b.5, b.6) == (k.3, k.4, k.5, k.6)
+        same(b.0, &k.0)
+            && same(b.1, &k.1)
+            && same(b.2, &k.2)
+            && same(b.3, k.3)
+            && same(b.4, k.4)
+            && same(b.5, k.5)
+            && same(b.6, k.6)
     }
 }
 
@@ -326,7 +365,7 @@ impl CacheKey<RequestsKey> for Borrowed<RequestsRef<'_>> {
 impl hashbrown::Equivalent<TokensKey> for Borrowed<TokensRef<'_>> {
     fn equivalent(&self, k: &TokensKey) -> bool {
         let b = &self.0;
-        (b.0, b.1, b.2, b.3) == (&k.0, &k.1, &k.2, k.3)
+        same(b.0, &k.0) && same(b.1, &k.1) && same(b.2, &k.2)
     }
 }
 
@@ -348,7 +387,7 @@ impl CacheKey<PoolKindKey> for Borrowed<(&SharedString, &'static str)> {
 impl CacheKey<TokensKey> for Borrowed<TokensRef<'_>> {
     fn to_key(&self) -> TokensKey {
         let b = &self.0;
-        (b.0.clone(), b.1.clone(), b.2.clone(), b.3)
+        (b.0.clone(), b.1.clone(), b.2.clone())
     }
 }
 
@@ -465,6 +504,51 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicU32;
 
+    /// One entry holds a label set's token kinds: each kind's counter is made
+    /// the first time that kind is counted, once, and keeps counting.
+    #[test]
+    fn token_kinds_share_one_entry_and_register_when_first_counted() {
+        let cache: CounterCache<TokensKey, TokenCounters> = CounterCache::default();
+        let (entries, counters) = (AtomicU32::new(0), AtomicU32::new(0));
+        let (pool, region) = (labels::shared("p"), labels::shared("r"));
+        let tenant = SharedString::const_str("t");
+        for (kind, n) in [(0, 3), (2, 5), (0, 4), (2, 1)] {
+            cache.with(
+                &Borrowed((&pool, &region, &tenant)),
+                |_| {
+                    entries.fetch_add(1, Ordering::Relaxed);
+                    TokenCounters::default()
+                },
+                |k, c| {
+                    assert_eq!(&*k.2, "t");
+                    c.add(kind, n, || {
+                        counters.fetch_add(1, Ordering::Relaxed);
+                        Counter::noop()
+                    });
+                },
+            );
+        }
+        assert_eq!(entries.load(Ordering::Relaxed), 1);
+        assert_eq!(
+            counters.load(Ordering::Relaxed),
+            2,
+            "prompt and output, not cached"
+        );
+        let totals: Vec<u64> = cache
+            .0
+            .get()
+            .unwrap()
+            .borrow()
+            .values()
+            .next()
+            .unwrap()
+            .0
+            .iter()
+            .map(|c| c.get().map_or(0, |c| c.get()))
+            .collect();
+        assert_eq!(totals, [7, 0, 6]);
+    }
+
     /// A borrowed key finds the entry its owned twin made: `make` runs once per
     /// distinct label set per thread, and the same counter keeps counting.
     #[test]
@@ -478,21 +562,17 @@ mod tests {
         };
         let pool = labels::shared("p");
         let region = labels::shared("r");
-        let tenant = SharedString::const_str("t");
-        for (kind, n) in [("prompt", 3), ("prompt", 4), ("output", 5), ("prompt", 1)] {
-            cache.increment(&Borrowed((&pool, &region, &tenant, kind)), n, make);
+        let (t, v) = (SharedString::const_str("t"), SharedString::const_str("v"));
+        for (tenant, n) in [(&t, 3), (&t, 4), (&v, 5), (&t, 1)] {
+            cache.increment(&Borrowed((&pool, &region, tenant)), n, make);
         }
         assert_eq!(made.load(Ordering::Relaxed), 2);
         // Other values with the same text are the same key, whatever backs them.
         let (p2, r2) = (labels::shared("p"), SharedString::from("r".to_string()));
-        cache.increment(&Borrowed((&p2, &r2, &tenant, "output")), 1, make);
+        cache.increment(&Borrowed((&p2, &r2, &v)), 1, make);
         assert_eq!(made.load(Ordering::Relaxed), 2);
         let other_tenant = labels::shared("u");
-        cache.increment(
-            &Borrowed((&pool, &region, &other_tenant, "output")),
-            1,
-            make,
-        );
+        cache.increment(&Borrowed((&pool, &region, &other_tenant)), 1, make);
         assert_eq!(made.load(Ordering::Relaxed), 3);
     }
 }

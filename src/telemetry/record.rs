@@ -57,7 +57,8 @@ pub enum End<'a> {
 
 /// One finished request, as every sink sees it.
 pub struct RequestRecord<'a> {
-    pub request_id: &'a str,
+    /// As received or made (checked as text only by the sinks that print it).
+    pub request_id: &'a http::HeaderValue,
     pub tenant: &'a Arc<str>,
     pub tenant_label: &'a SharedString,
     pub trace: &'a TraceContext,

@@ -97,7 +97,12 @@ impl TraceContext {
     /// From the request headers: continue the caller's trace, else start one.
     /// `sample_ratio` is `None` when spans are not exported.
     pub fn from_headers(headers: &http::HeaderMap, sample_ratio: Option<f64>) -> TraceContext {
-        let incoming = headers.get(TRACEPARENT).cloned();
+        TraceContext::from_header(headers.get(TRACEPARENT), sample_ratio)
+    }
+
+    /// [`TraceContext::from_headers`], given the request's `traceparent` (if any).
+    pub fn from_header(incoming: Option<&HeaderValue>, sample_ratio: Option<f64>) -> TraceContext {
+        let incoming = incoming.cloned();
         let parsed = incoming
             .as_ref()
             .and_then(|v| v.to_str().ok())

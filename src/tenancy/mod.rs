@@ -215,8 +215,8 @@ impl Tenancy {
         issued: &IssuedKeys,
     ) -> Result<Tenant, Refused> {
         // Anthropic's clients send their key as `x-api-key`.
-        let bearer = headers
-            .get(http::header::AUTHORIZATION)
+        let bearer = own
+            .get(headers, Name::Authorization)
             .and_then(|v| bearer_token(v.as_bytes()));
         let api_key = own
             .get(headers, Name::ApiKey)

@@ -153,7 +153,7 @@ fn access_record(r: &RequestRecord<'_>, cost_usd: f64) -> AccessRecord {
     };
     AccessRecord {
         ts: access_log::rfc3339_now(),
-        request_id: r.request_id.to_string(),
+        request_id: r.request_id.to_str().unwrap_or("").to_string(),
         tenant: r.tenant.clone(),
         model,
         endpoint: r.endpoint,

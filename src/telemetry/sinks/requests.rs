@@ -4,7 +4,10 @@
 
 use super::super::labels::NONE_LABEL;
 use super::super::record::{End, RequestRecord};
-use super::super::{cost::TokenCounts, names, status_label, Borrowed, PairMetrics, RouteTags};
+use super::super::{
+    cost::TokenCounts, names, status_label, Borrowed, PairMetrics, RouteTags, TokenCounters,
+    TOKEN_KINDS,
+};
 use metrics::{counter, SharedString};
 
 /// Count the request in `switchyard_requests_total`.
@@ -63,35 +66,38 @@ fn count_refused(r: &RequestRecord<'_>, model: Option<&str>) {
     .increment(1);
 }
 
-/// Count an answered request's tokens in `switchyard_tokens_total`.
+/// Count an answered request's tokens in `switchyard_tokens_total`: one cache
+/// lookup for the request's labels, then a counter per kind it used.
 pub fn count_tokens(
     r: &RequestRecord<'_>,
     route: &RouteTags,
     pair: &PairMetrics,
     toks: TokenCounts,
 ) {
-    for (kind, n) in [
-        ("prompt", toks.prompt),
-        ("cached", toks.cached),
-        ("output", toks.output),
-    ] {
-        if n == 0 {
-            continue;
-        }
-        pair.tokens.increment(
-            &Borrowed((&route.pool, &route.region, r.tenant_label, kind)),
-            n,
-            |(pool, region, tenant, kind)| {
-                counter!(
-                    names::TOKENS_TOTAL,
-                    names::L_MODEL => pair.model.clone(),
-                    names::L_POOL => pool.clone(),
-                    names::L_WORKER => pair.worker.clone(),
-                    names::L_REGION => region.clone(),
-                    names::L_TENANT => tenant.clone(),
-                    names::L_KIND => *kind
-                )
-            },
-        );
+    let counts = [toks.prompt, toks.cached, toks.output];
+    if counts == [0; 3] {
+        return;
     }
+    pair.tokens.with(
+        &Borrowed((&route.pool, &route.region, r.tenant_label)),
+        |_| TokenCounters::default(),
+        |(pool, region, tenant), c| {
+            for (i, (kind, n)) in TOKEN_KINDS.into_iter().zip(counts).enumerate() {
+                if n == 0 {
+                    continue;
+                }
+                c.add(i, n, || {
+                    counter!(
+                        names::TOKENS_TOTAL,
+                        names::L_MODEL => pair.model.clone(),
+                        names::L_POOL => pool.clone(),
+                        names::L_WORKER => pair.worker.clone(),
+                        names::L_REGION => region.clone(),
+                        names::L_TENANT => tenant.clone(),
+                        names::L_KIND => kind
+                    )
+                });
+            }
+        },
+    );
 }
