@@ -287,7 +287,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
         if flow.hold_for_faster <= 0.0 {
             return slow;
         }
-        let size = self.ctx.size(0);
+        // Sized as the models learn (exact once a pick tokenized the prompt).
+        let size = self.ctx.size_exact(&self.rreq, 0);
         let mut preds: SmallVec<[(usize, crate::pool::predict::Prediction); 8]> = SmallVec::new();
         for i in (0..route.workers.len()).filter(|&i| self.eligible(i)) {
             match route.workers[i].predict(size) {
@@ -331,7 +332,8 @@ impl<'c, 'a> Attempts<'c, 'a> {
     async fn wait(&mut self, q: &'c FlowQueue) -> Result<(), GatewayError> {
         let mut ticket = super::flow::ticket(self.ctx, self.prio, self.front);
         ticket.declined = std::mem::take(&mut self.declined);
-        let hold = super::slo::hold_until(self.ctx, &|i| self.eligible(i));
+        let size = self.ctx.size_exact(&self.rreq, 0);
+        let hold = super::slo::hold_until(self.ctx, size, &|i| self.eligible(i));
         let waited = crate::runtime::clock::now();
         if let Some((_, best)) = hold.filter(|(by, _)| *by <= waited) {
             // Shed before queueing: leave the place (and hand on a turn) now.

@@ -132,7 +132,8 @@ impl ForwardContext<'_> {
     /// [`ForwardContext::size`], with the prompt's exact token count when
     /// routing tokenized it: `cached` from the precise index is in the engine's
     /// tokens, and an estimate from bytes would leave a phantom prefill of its
-    /// error on every cache hit (counted as the worker's pending work).
+    /// error on every cache hit (counted as the worker's pending work). The
+    /// latency models learn from the size sent, so their predictions use it too.
     pub(crate) fn size_exact(&self, rreq: &RouteRequest<'_>, cached: u64) -> RequestSize {
         let est = self.size(cached);
         match rreq.prompt_tokens() {

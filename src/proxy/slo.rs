@@ -15,6 +15,7 @@
 use super::error::GatewayError;
 use super::forward::ForwardContext;
 use crate::config::SloUnattainable;
+use crate::pool::RequestSize;
 use crate::routing::{Decision, Policy, RouteRequest};
 use crate::telemetry::names;
 use http::HeaderName;
@@ -87,16 +88,17 @@ fn unattainable(ctx: &ForwardContext<'_>, ttft_ms: f64, over_ms: f64) -> Gateway
 /// objective: until the objective less the best TTFT an eligible worker
 /// predicts for it now (a lower bound: it is not sent yet). `None` when the pool
 /// does not shed, the request sets no TTFT objective, or an eligible worker has
-/// no model yet. With the deadline, that best prediction (ms).
+/// no model yet. With the deadline, that best prediction (ms). `size`: the
+/// request's, measured as the models learn it (`ForwardContext::size_exact`).
 pub(super) fn hold_until(
     ctx: &ForwardContext<'_>,
+    size: RequestSize,
     eligible: &dyn Fn(usize) -> bool,
 ) -> Option<(Instant, f64)> {
     if ctx.route.pool.config.routing.slo_unattainable != SloUnattainable::Shed {
         return None;
     }
     let target = ctx.info.slo.ttft_ms?;
-    let size = ctx.size(0);
     let mut best = f64::INFINITY;
     for (i, w) in ctx.route.workers.iter().enumerate() {
         if eligible(i) {
