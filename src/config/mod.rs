@@ -2088,7 +2088,9 @@ mod tests {
         let c = check_all(ONE_POOL, Secrets::Required).unwrap();
         assert!(c.config.server.id_key.is_none());
         assert!(
-            c.notes.iter().any(|n| n.starts_with("server.id_key_env: not set")),
+            c.notes
+                .iter()
+                .any(|n| n.starts_with("server.id_key_env: not set")),
             "{:?}",
             c.notes
         );
@@ -2096,7 +2098,12 @@ mod tests {
         let e = check_all(&with("SWITCHYARD_TEST_SHORT_ID_KEY"), Secrets::Required)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("server.id_key_env: the key in `SWITCHYARD_TEST_SHORT_ID_KEY` must be at least 32"), "{e}");
+        assert!(
+            e.contains(
+                "server.id_key_env: the key in `SWITCHYARD_TEST_SHORT_ID_KEY` must be at least 32"
+            ),
+            "{e}"
+        );
         let e = check_all(&with("SWITCHYARD_TEST_UNSET_ID_KEY"), Secrets::Required)
             .unwrap_err()
             .to_string();
@@ -2104,7 +2111,10 @@ mod tests {
         let key = "5e0f1d2c3b4a69788796a5b4c3d2e1f0";
         std::env::set_var("SWITCHYARD_TEST_GOOD_ID_KEY", key);
         let c = check_all(&with("SWITCHYARD_TEST_GOOD_ID_KEY"), Secrets::Required).unwrap();
-        assert_eq!(c.config.server.id_key.as_ref().map(Secret::expose), Some(key));
+        assert_eq!(
+            c.config.server.id_key.as_ref().map(Secret::expose),
+            Some(key)
+        );
         assert!(!format!("{:?}", c.config).contains(key), "Debug redacts it");
         assert!(c.notes.iter().all(|n| !n.contains("id_key")));
     }

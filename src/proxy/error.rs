@@ -141,7 +141,10 @@ impl GatewayError {
             ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             Limited(r) if r.kind == LimitKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Limited(_) => StatusCode::TOO_MANY_REQUESTS,
-            UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
+            UnknownModel(_)
+            | NotFound(_)
+            | NotSupported(_)
+            | ResponseOwnerGone(_)
             | UnknownResponse { .. } => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             NoHealthyWorker(_)

@@ -6,12 +6,12 @@ use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::proxy::RequestTags;
 use crate::proxy::{self, affinity, ForwardContext, GatewayError, Pinned};
-use crate::tenancy::Tenant;
 use crate::routes::{ModelRoute, Snapshot};
 use crate::routing::request_residency;
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
 use crate::telemetry::End;
+use crate::tenancy::Tenant;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -280,9 +280,11 @@ impl<'a> Inbound<'a> {
         let usable = |r: &ModelRoute| tenant.allows(&r.model);
         match affinity::find_owner(self.snap, preferred, v.token, &usable) {
             Ok((route, index)) => Ok((route, index, v.engine_id)),
-            // Its owner serves only models the tenant may no longer use: the
-            // limit phase refuses it on that route.
-            Err(Some((route, index))) => Ok((route, index, v.engine_id)),
+            // Its owner serves only models the tenant may not use (its own
+            // response, from before its models changed).
+            Err(Some((route, _))) => Err(refused_by_tenancy(GatewayError::ModelNotAllowed(
+                api::error::echo(&route.model),
+            ))),
             Err(None) => {
                 tracing::warn!(id = %api::error::echo(id), "stored response's worker is gone");
                 Err(GatewayError::ResponseOwnerGone(api::error::echo(id)))
@@ -631,7 +633,9 @@ fn stored_path(engine_id: &str, tail: &str, query: Option<&str>) -> Option<http:
         return None;
     }
     let query = query.map(|q| format!("?{q}")).unwrap_or_default();
-    format!("/v1/responses/{engine_id}{tail}{query}").parse().ok()
+    format!("/v1/responses/{engine_id}{tail}{query}")
+        .parse()
+        .ok()
 }
 
 /// Read the body within `limit`. The usual body is already in hand when its

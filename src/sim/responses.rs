@@ -81,7 +81,10 @@ impl Store {
                        "content": [{"type": "input_text", "text": text}]})
             })
             .collect();
-        let (first, last) = (data.first().map(|d| d["id"].clone()), data.last().map(|d| d["id"].clone()));
+        let (first, last) = (
+            data.first().map(|d| d["id"].clone()),
+            data.last().map(|d| d["id"].clone()),
+        );
         Some(json!({"object": "list", "data": data, "first_id": first,
                     "last_id": last, "has_more": false}))
     }
