@@ -30,6 +30,9 @@ pub fn owner_token(worker_id: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64_with_seed(worker_id.as_bytes(), SEED)
 }
 
+/// A stored response's owner: its route and its index in the route's workers.
+pub type Owner<'s> = (&'s Arc<ModelRoute>, usize);
+
 /// The route and worker index holding `token` among the routes `usable`
 /// accepts (the tenant's models): in `preferred` (the request's own route)
 /// first, else in any route of the snapshot (a split may have resolved the
@@ -40,7 +43,7 @@ pub fn find_owner<'s>(
     preferred: Option<&'s Arc<ModelRoute>>,
     token: u64,
     usable: &dyn Fn(&ModelRoute) -> bool,
-) -> Result<(&'s Arc<ModelRoute>, usize), Option<(&'s Arc<ModelRoute>, usize)>> {
+) -> Result<Owner<'s>, Option<Owner<'s>>> {
     let holds = |r: &'s Arc<ModelRoute>| {
         r.workers
             .iter()
