@@ -10,10 +10,15 @@ use serde_json::{json, Value};
 use std::time::Duration;
 use support::*;
 
+/// The Responses id key every replica shares (through `ID_KEY_VAR`).
+const ID_KEY_VAR: &str = "SY_AFFINITY_ID_KEY";
+const ID_KEY: &str = "3c5e7a9b1d2f4e6a8c0b2d4f6e8a0c1e";
+
 /// A round-robin pool over `workers`, so a turn without affinity would move.
 fn config(model: &str, workers: &[&str]) -> String {
+    std::env::set_var(ID_KEY_VAR, ID_KEY);
     format!(
-        "[server]\ndebug_headers = true\n{}",
+        "[server]\ndebug_headers = true\nid_key_env = \"{ID_KEY_VAR}\"\n{}",
         pool_toml(model, workers, "policy = \"round_robin\"")
     )
 }
@@ -64,7 +69,7 @@ async fn a_conversation_stays_on_its_worker_across_replicas() {
     std::fs::write(&file, config(&model, &[&u[0], &u[1], &u[2]])).unwrap();
     let mut replicas = Vec::new();
     for _ in 0..3 {
-        replicas.push(serve_binary(&file).await);
+        replicas.push(serve_binary_with(&file, &[(ID_KEY_VAR, ID_KEY)], None).await);
     }
 
     // Five turns, round-robin over the replicas, turns 2 and 4 streamed.
@@ -78,7 +83,7 @@ async fn a_conversation_stays_on_its_worker_across_replicas() {
         let (status, resp, events) = turn(&replicas[t % 3].url, body).await;
         assert_eq!(status, 200, "turn {t}: {resp}");
         let id = resp["id"].as_str().unwrap().to_string();
-        assert!(id.starts_with("resp_sy"), "gateway-issued id: {id}");
+        assert!(id.starts_with("resp_syv2"), "gateway-issued id: {id}");
         assert_eq!(resp["previous_response_id"].as_str(), prev.as_deref());
         for e in &events {
             assert_eq!(e, &id, "every streamed event names the gateway id");

@@ -603,6 +603,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsConfig>,
     /// Browser origins allowed to call the API; `None`: no CORS headers at all.
     pub cors: Option<CorsConfig>,
+    /// The key that signs the Responses ids the gateway issues (read from
+    /// `id_key_env`); `None`: a random key per process.
+    pub id_key: Option<Secret>,
 }
 
 impl ServerConfig {
@@ -881,7 +884,8 @@ impl RawConfig {
     fn validate_with(self, problems: &mut Problems) -> Result<Config, ConfigError> {
         let mut server = self.server;
         let server_region = server.region.take();
-        let server = validate_server(server, problems);
+        let id_key_env = server.id_key_env.take();
+        let mut server = validate_server(server, problems);
         let health = validate_health(self.health, problems);
         let admin = validate_admin(self.admin, problems);
         let pools = validate_pools(self.pools, problems);
@@ -915,6 +919,7 @@ impl RawConfig {
         );
         // The environment and the file system, once the file itself is checked.
         let admin = resolve::admin(admin, problems);
+        server.id_key = resolve::id_key(id_key_env, problems);
         resolve::tls("server.tls", server.tls.as_ref(), problems);
         if let Some(a) = &admin {
             resolve::tls("admin.tls", a.tls.as_ref(), problems);
@@ -1024,6 +1029,7 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
         max_json_depth,
         tls,
         cors,
+        id_key: None,
     }
 }
 
@@ -2074,6 +2080,43 @@ mod tests {
             auto.unwrap().config.pools[1].routing.index,
             PrefixSource::Auto
         );
+    }
+
+    #[test]
+    fn the_responses_id_key_is_read_checked_and_noted_when_absent() {
+        let with = |var: &str| format!("[server]\nid_key_env = \"{var}\"\n{ONE_POOL}");
+        let c = check_all(ONE_POOL, Secrets::Required).unwrap();
+        assert!(c.config.server.id_key.is_none());
+        assert!(
+            c.notes
+                .iter()
+                .any(|n| n.starts_with("server.id_key_env: not set")),
+            "{:?}",
+            c.notes
+        );
+        std::env::set_var("SWITCHYARD_TEST_SHORT_ID_KEY", "0123abcd");
+        let e = check_all(&with("SWITCHYARD_TEST_SHORT_ID_KEY"), Secrets::Required)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "server.id_key_env: the key in `SWITCHYARD_TEST_SHORT_ID_KEY` must be at least 32"
+            ),
+            "{e}"
+        );
+        let e = check_all(&with("SWITCHYARD_TEST_UNSET_ID_KEY"), Secrets::Required)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("server.id_key_env: environment variable"), "{e}");
+        let key = "5e0f1d2c3b4a69788796a5b4c3d2e1f0";
+        std::env::set_var("SWITCHYARD_TEST_GOOD_ID_KEY", key);
+        let c = check_all(&with("SWITCHYARD_TEST_GOOD_ID_KEY"), Secrets::Required).unwrap();
+        assert_eq!(
+            c.config.server.id_key.as_ref().map(Secret::expose),
+            Some(key)
+        );
+        assert!(!format!("{:?}", c.config).contains(key), "Debug redacts it");
+        assert!(c.notes.iter().all(|n| !n.contains("id_key")));
     }
 
     #[test]

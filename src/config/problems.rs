@@ -107,6 +107,12 @@ impl Problems {
         }
     }
 
+    /// A note for `check-config` (and `serve`'s log): nothing wrong, but
+    /// something the operator should know.
+    pub(crate) fn note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
     /// The error, when there are problems.
     pub(crate) fn error(&self) -> Option<ConfigError> {
         (!self.problems.is_empty()).then(|| ConfigError {

@@ -126,6 +126,8 @@ pub struct RawServer {
     pub tls: Option<super::edge::RawTls>,
     /// Answer browsers' CORS preflights and tag responses for allowed origins.
     pub cors: Option<super::edge::RawCors>,
+    /// Environment variable holding the key that signs Responses ids.
+    pub id_key_env: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

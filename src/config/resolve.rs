@@ -46,6 +46,31 @@ pub(crate) fn admin(a: Option<PendingAdmin>, p: &mut Problems) -> Option<AdminCo
     })
 }
 
+/// Shortest Responses id key accepted, in bytes (128 bits as hex).
+const MIN_ID_KEY: usize = 32;
+
+/// The key that signs Responses ids: set and long enough when configured;
+/// unset, a note that ids will hold on one process only.
+pub(crate) fn id_key(var: Option<String>, p: &mut Problems) -> Option<super::Secret> {
+    let Some(var) = var else {
+        p.note(
+            "server.id_key_env: not set; Responses ids are signed with a random key per process, so \
+             another replica, or this one after a restart, answers 404 for them (set it to a \
+             variable holding a shared secret, e.g. `openssl rand -hex 32`)"
+                .into(),
+        );
+        return None;
+    };
+    let key = p.secret("server.id_key_env", &var)?;
+    if key.expose().len() < MIN_ID_KEY || weak_token(key.expose()).is_some() {
+        p.push(format!(
+            "server.id_key_env: the key in `{var}` must be at least {MIN_ID_KEY} random characters (e.g. `openssl rand -hex 32`)"
+        ));
+        return None;
+    }
+    Some(key)
+}
+
 /// Each pool's upstream API key (`key_envs[i]` names pool `i`'s variable) and
 /// its CA file, which must be readable.
 pub(crate) fn pools(pools: &mut [PoolConfig], key_envs: &[Option<String>], p: &mut Problems) {

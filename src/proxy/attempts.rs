@@ -185,14 +185,10 @@ impl<'c, 'a> Attempts<'c, 'a> {
     /// the request.
     async fn select(&mut self) -> Result<Option<Decision>, GatewayError> {
         let route = self.ctx.route;
-        if let Some(owner) = self.ctx.pinned {
-            // Only the owner holds the state: no queue, no limit, no other worker.
-            return Ok((!self.tried.contains(&owner)).then_some(Decision {
-                index: owner,
-                reason: Reason::Owner,
-                cross: None,
-                spill: None,
-            }));
+        let pinned = self.ctx.pinned.map(|p| p.index);
+        if let Some(p) = self.ctx.pinned.filter(|p| !p.generates) {
+            // A by-id call: to the owner, holding no slot (see `Pinned`).
+            return Ok((!self.tried.contains(&p.index)).then(|| owner(p.index)));
         }
         let queue = route.pool.queue.as_deref();
         loop {
@@ -215,7 +211,12 @@ impl<'c, 'a> Attempts<'c, 'a> {
             let room =
                 |i: usize| free(i) && !(over && saturation::in_reserve(cfg, &route.workers[i]));
             let accept = |i: usize| room(i) && !slow.contains(&i);
-            if let Some(d) = self.policy.pick(&self.rreq, &route.workers, &accept) {
+            let pick = match pinned {
+                // A continuation: its owner, when it has room, like any pick.
+                Some(o) => accept(o).then(|| owner(o)),
+                None => self.policy.pick(&self.rreq, &route.workers, &accept),
+            };
+            if let Some(d) = pick {
                 // The slot is taken before anyone else is given a turn; lost to
                 // another thread in between, pick again.
                 if queue.is_some() {
@@ -228,11 +229,16 @@ impl<'c, 'a> Attempts<'c, 'a> {
                 self.dispatched(queue);
                 return Ok(Some(d));
             }
-            let saturated = (0..route.workers.len()).any(|i| self.eligible(i));
-            // Turned down a worker with room (too slow, or its free slots kept
-            // for others): the waiters behind may take it.
-            self.declined =
-                slow.iter().any(|&i| room(i)) || (over && (0..route.workers.len()).any(free));
+            let saturated = match pinned {
+                Some(o) => self.eligible(o),
+                None => (0..route.workers.len()).any(|i| self.eligible(i)),
+            };
+            // Turned down a worker with room (too slow, its free slots kept
+            // for others, or not the owner): the waiters behind may take it.
+            let other_free = |i: usize| Some(i) != pinned && free(i);
+            self.declined = slow.iter().any(|&i| room(i))
+                || (over && (0..route.workers.len()).any(free))
+                || (pinned.is_some() && (0..route.workers.len()).any(other_free));
             match queue {
                 Some(q) if saturated => self.wait(q).await?,
                 _ => {
@@ -280,6 +286,9 @@ impl<'c, 'a> Attempts<'c, 'a> {
     fn slow_workers(&self) -> SmallVec<[usize; 4]> {
         let route = self.ctx.route;
         let mut slow = SmallVec::new();
+        if self.ctx.pinned.is_some() {
+            return slow; // only the owner will do, however slow
+        }
         let (Some(flow), Some(q)) = (route.pool.config.flow.as_ref(), route.pool.queue.as_deref())
         else {
             return slow;
@@ -407,7 +416,7 @@ impl<'c, 'a> Attempts<'c, 'a> {
     /// request (a 5xx may not repeat) over one whose connection broke or hung,
     /// and among those the one failing least for everybody else right now.
     fn last_resort(&self) -> Option<Decision> {
-        if self.attempt == 0 {
+        if self.attempt == 0 || self.ctx.pinned.is_some() {
             return None;
         }
         let route = self.ctx.route;
@@ -702,6 +711,16 @@ fn pick_fewest_failures(
         .map(failures)
         .min()?;
     policy.pick(req, &route.workers, &|i| ok(i) && failures(i) == fewest)
+}
+
+/// The decision for a pinned request: its owner.
+fn owner(index: usize) -> Decision {
+    Decision {
+        index,
+        reason: Reason::Owner,
+        cross: None,
+        spill: None,
+    }
 }
 
 /// Jittered exponential backoff before retry number `attempt` (1-based).

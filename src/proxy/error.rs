@@ -92,9 +92,16 @@ pub enum GatewayError {
     /// The worker holding a stored response is configured but did not answer.
     #[error("The worker holding response `{id}` is unavailable ({detail}); retry later, or send the whole conversation as `input` without `previous_response_id`")]
     ResponseOwnerUnavailable { id: String, detail: String },
-    /// A response id this gateway did not issue, on a path that names no model.
-    #[error("No response found with id `{0}` (this gateway did not issue it)")]
-    UnknownResponse(String),
+    /// A response id this gateway did not issue to the calling tenant (forged,
+    /// another tenant's, another deployment's, or the old unsigned format):
+    /// answered as the engine answers an id it does not hold, so the answer
+    /// says nothing about whether it exists.
+    #[error("Response with id '{id}' not found.")]
+    UnknownResponse {
+        id: String,
+        /// `previous_response_id` when the id came in the body.
+        param: Option<&'static str>,
+    },
     /// No worker is predicted to meet the request's latency objective and the
     /// pool sheds such requests.
     #[error("No worker of model `{model}` is predicted to meet this request's latency objective (best predicted time to first token {predicted_ttft_ms} ms); retry later or relax x-slo-ttft-ms / x-slo-tpot-ms")]
@@ -134,8 +141,11 @@ impl GatewayError {
             ModelNotAllowed(_) => StatusCode::FORBIDDEN,
             Limited(r) if r.kind == LimitKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Limited(_) => StatusCode::TOO_MANY_REQUESTS,
-            UnknownModel(_) | NotFound(_) | NotSupported(_) | ResponseOwnerGone(_)
-            | UnknownResponse(_) => StatusCode::NOT_FOUND,
+            UnknownModel(_)
+            | NotFound(_)
+            | NotSupported(_)
+            | ResponseOwnerGone(_)
+            | UnknownResponse { .. } => StatusCode::NOT_FOUND,
             BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             NoHealthyWorker(_)
             | ResidencyUnavailable { .. }
@@ -175,7 +185,7 @@ impl GatewayError {
             Limited(r) => r.kind.as_str(),
             NotFound(_) => "not_found",
             ResponseOwnerGone(_) => "response_owner_gone",
-            UnknownResponse(_) => "unknown_response",
+            UnknownResponse { .. } => "unknown_response",
             ResponseOwnerUnavailable { .. } => "response_owner_unavailable",
             NoHealthyWorker(_) => "no_healthy_worker",
             ResidencyUnavailable { .. } => "residency_unavailable",
@@ -217,7 +227,7 @@ impl GatewayError {
             | Limited(_)
             | UnknownModel(_)
             | NotFound(_)
-            | UnknownResponse(_)
+            | UnknownResponse { .. }
             | BodyTooLarge(_)
             | InvalidResidency { .. } => "client",
             NoHealthyWorker(_)
@@ -300,7 +310,7 @@ impl GatewayError {
             Limited(r) => (Some(r.kind.as_str()), Some("rate_limit_exceeded")),
             NotFound(_) => (None, Some("unknown_url")),
             ResponseOwnerGone(_) => (Some("previous_response_id"), Some("response_owner_gone")),
-            UnknownResponse(_) => (None, Some("response_not_found")),
+            UnknownResponse { param, .. } => (*param, Some("response_not_found")),
             ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),
             ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
             InvalidResidency { .. } => (None, Some("invalid_residency")),

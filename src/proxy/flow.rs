@@ -72,6 +72,10 @@ pub(super) async fn cold_start(
     let (Some(q), Some(routes)) = (pool.queue.as_deref(), ctx.routes) else {
         return Ok(None);
     };
+    if ctx.pinned.is_some() {
+        // Only its owner holds the state: a worker started now would not.
+        return Ok(None);
+    }
     if !pool.config.flow.as_ref().is_some_and(|f| f.scale_from_zero) || ready(ctx, ctx.route) {
         return Ok(None);
     }

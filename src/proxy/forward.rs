@@ -147,6 +147,18 @@ impl ForwardContext<'_> {
     }
 }
 
+/// The worker a request must go to: the owner of the stored response it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pinned {
+    /// Its index in `route.workers`.
+    pub index: usize,
+    /// It generates (a continuation): it takes a slot on the owner, waiting in
+    /// the pool's queue like any request. A by-id call (read, delete, cancel,
+    /// input items) generates nothing and takes no slot, so a cancel never
+    /// waits behind the response it cancels.
+    pub generates: bool,
+}
+
 /// Everything the forwarding phases need about one request.
 pub struct ForwardContext<'a> {
     pub client: &'a UpstreamClient,
@@ -169,9 +181,11 @@ pub struct ForwardContext<'a> {
     pub residency: Option<&'a Residency>,
     /// Region names, for messages.
     pub global: &'a GlobalConfig,
-    /// The only worker (index in `route`) that may serve the request: the owner
-    /// of the stored response it continues (`proxy::affinity`).
-    pub pinned: Option<usize>,
+    /// The only worker that may serve the request: the owner of the stored
+    /// response it continues or names (`proxy::affinity`).
+    pub pinned: Option<Pinned>,
+    /// Signs the Responses ids in answers (`proxy::stored_id`).
+    pub ids: &'a crate::proxy::stored_id::IdKey,
     /// A streamed upload sent instead of `body` (once: no retry, no fallback).
     pub upload: Option<&'a super::upload::Upload>,
     /// Where a request waiting for a first worker finds the current routes.
@@ -594,7 +608,8 @@ pub(crate) fn respond(
         // Response ids carry their owner (`affinity`); the length changes.
         parts.headers.remove(header::CONTENT_LENGTH);
         let token = super::affinity::owner_token(&worker.id);
-        let rewritten = super::affinity::rewrite_ids(Body::new(observed), token);
+        let issuer = ctx.ids.issuer(&ctx.tags.tenant, token);
+        let rewritten = super::affinity::rewrite_ids(Body::new(observed), issuer);
         return Response::from_parts(parts, Body::new(rewritten));
     }
     Response::from_parts(parts, Body::new(observed))

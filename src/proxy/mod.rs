@@ -16,6 +16,7 @@ pub mod forward;
 mod headers;
 pub mod observe;
 pub mod slo;
+pub mod stored_id;
 pub mod upload;
 mod upstream_body;
 mod usage;
@@ -25,7 +26,7 @@ pub use context::RequestTags;
 pub use error::GatewayError;
 pub use fallback::forward_with_fallbacks;
 pub use forward::{
-    forward, ForwardContext, POLICY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER, SESSION_HEADER,
+    forward, ForwardContext, Pinned, POLICY_HEADER, REQUEST_ID_HEADER, ROUTE_HEADER, SESSION_HEADER,
 };
 pub use upstream_body::for_pool;
 

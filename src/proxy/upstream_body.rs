@@ -37,9 +37,10 @@ pub fn for_pool(
     } else {
         body
     };
+    let rid = sglang_rid(pool, endpoint, translated, request_id);
     let edits = Edits {
         model: pool.upstream_model.as_deref(),
-        rid: sglang_rid(pool, endpoint, translated, request_id),
+        rid: rid.as_deref(),
         usage: !translated && usage::asks(info, pool, endpoint),
     };
     edits.apply(body, info.has_stream_options)
@@ -48,7 +49,7 @@ pub fn for_pool(
 /// What one pool changes in a body.
 struct Edits<'a> {
     model: Option<&'a str>,
-    /// SGLang's request id, unless the client set its own.
+    /// SGLang's request id (replacing any the client set).
     rid: Option<&'a str>,
     /// Set `stream_options.include_usage`.
     usage: bool,
@@ -74,10 +75,7 @@ impl Edits<'_> {
         if let Some(name) = self.model {
             v.insert("model".into(), Value::String(name.to_string()));
         }
-        if let Some(rid) = self
-            .rid
-            .filter(|_| !v.get("rid").is_some_and(Value::is_string))
-        {
+        if let Some(rid) = self.rid {
             v.insert("rid".into(), Value::String(rid.to_string()));
         }
         if self.usage {
@@ -96,21 +94,25 @@ impl Edits<'_> {
     }
 }
 
-/// The request id an SGLang pool's generation requests carry as `rid`.
-fn sglang_rid<'a>(
+/// The `rid` an SGLang pool's generation requests carry: the request id and
+/// 64 random bits. Never the client's: SGLang's `rid` names a request to abort,
+/// and a client choosing one (in the body or as `x-request-id`) could name
+/// another tenant's request, which the gateway would abort when it left.
+fn sglang_rid(
     pool: &PoolConfig,
     endpoint: Endpoint,
     translated: bool,
-    request_id: &'a HeaderValue,
-) -> Option<&'a str> {
+    request_id: &HeaderValue,
+) -> Option<String> {
     let generates = translated
         || matches!(
             endpoint,
             Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Responses
         );
-    (pool.engine == EngineKind::Sglang && generates)
-        .then(|| request_id.to_str().ok())
-        .flatten()
+    (pool.engine == EngineKind::Sglang && generates).then(|| {
+        let id = request_id.to_str().unwrap_or("request");
+        format!("{id}-{:016x}", rand::random::<u64>())
+    })
 }
 
 const USAGE_MEMBER: &[u8] = br#""stream_options":{"include_usage":true}"#;
@@ -204,10 +206,14 @@ mod tests {
             Endpoint::ChatCompletions,
         );
         assert_eq!(v["model"], "up");
-        assert_eq!(v["rid"], "req-1");
+        let rid = v["rid"].as_str().unwrap();
+        assert!(rid.starts_with("req-1-") && rid.len() == 22, "{rid}");
         assert_eq!(v["stream_options"]["include_usage"], true);
+        // The client's own rid is replaced (it could name another's request),
+        // and each request's is its own.
         let own = send(r#"{"model":"m","rid":"mine"}"#, &p, Endpoint::Completions);
-        assert_eq!(own["rid"], "mine");
+        assert!(own["rid"].as_str().unwrap().starts_with("req-1-"), "{own}");
+        assert_ne!(own["rid"], v["rid"]);
         let other = send(r#"{"model":"m"}"#, &p, Endpoint::Other);
         assert_eq!(other.get("rid"), None);
         let vllm = send(r#"{"model":"m"}"#, &pool(""), Endpoint::Completions);

@@ -5,12 +5,13 @@ use crate::api::headers::{Name, Own};
 use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
 use crate::config::Residency;
 use crate::proxy::RequestTags;
-use crate::proxy::{self, affinity, ForwardContext, GatewayError};
+use crate::proxy::{self, affinity, ForwardContext, GatewayError, Pinned};
 use crate::routes::{ModelRoute, Snapshot};
 use crate::routing::request_residency;
 use crate::telemetry;
 use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
 use crate::telemetry::End;
+use crate::tenancy::Tenant;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -198,7 +199,8 @@ impl<'a> Inbound<'a> {
             known: known_residencies(&self.snap.config.global),
         })?;
         let (route, body) = self.resolve(&info, body, residency.as_ref())?;
-        let (route, body, pinned) = self.continuation(&info, route, body)?;
+        let tenant = tags.tenant.clone();
+        let (route, body, pinned) = self.continuation(&info, &tenant, route, body)?;
         *known = Some(route);
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
@@ -228,32 +230,71 @@ impl<'a> Inbound<'a> {
         }
     }
 
-    /// A Responses request continuing a gateway-issued `previous_response_id`
-    /// goes to the id's owner, with the engine's own id written back into the
-    /// body. Ids the gateway did not issue are routed as usual.
+    /// A Responses request continuing a `previous_response_id` goes to the
+    /// id's owner, with the engine's own id written back into the body. The
+    /// id must be one this gateway issued to the calling tenant (else 404, as
+    /// for an id that never existed); the owner's route is then the request's
+    /// route: its model's permissions, limits and queue apply.
     fn continuation(
         &self,
         info: &api::RequestInfo,
+        tenant: &Tenant,
         route: &'a Arc<ModelRoute>,
         body: Bytes,
-    ) -> Result<(&'a Arc<ModelRoute>, Bytes, Option<usize>), GatewayError> {
+    ) -> Result<(&'a Arc<ModelRoute>, Bytes, Option<Pinned>), GatewayError> {
         let prev = match (&self.endpoint, &info.previous_response_id) {
             (Endpoint::Responses, Some(p)) => p,
             _ => return Ok((route, body, None)),
         };
-        let Some((token, engine_id)) = affinity::decode(prev) else {
-            return Ok((route, body, None));
-        };
-        let Some((owner, idx)) = affinity::find_owner(self.snap, Some(route), token) else {
-            tracing::warn!(id = %prev, "previous response's worker is gone");
-            return Err(GatewayError::ResponseOwnerGone(api::error::echo(prev)));
-        };
+        let param = Some("previous_response_id");
+        let (owner, index, engine_id) = self.owner_of(prev, tenant, Some(route), param)?;
         let body = affinity::replace_string(&body, prev, engine_id);
-        Ok((owner, body, Some(idx)))
+        let pinned = Pinned {
+            index,
+            generates: true,
+        };
+        Ok((owner, body, Some(pinned)))
+    }
+
+    /// The owner (route, worker index) and engine id of the stored response
+    /// `id` names, if `tenant` may name it: signed for it with this gateway's
+    /// key (else 404 not found, counted), held by a worker still serving
+    /// (else 404 gone), preferably in a route of a model the tenant may use.
+    fn owner_of<'i>(
+        &self,
+        id: &'i str,
+        tenant: &Tenant,
+        preferred: Option<&'a Arc<ModelRoute>>,
+        param: Option<&'static str>,
+    ) -> Result<(&'a Arc<ModelRoute>, usize, &'i str), GatewayError> {
+        let v = self.gw.ids.verify(tenant, id).map_err(|why| {
+            metrics::counter!(telemetry::names::STORED_ID_REFUSALS_TOTAL,
+                telemetry::names::L_REASON => why.as_str())
+            .increment(1);
+            tracing::debug!(reason = why.as_str(), "refused a response id");
+            GatewayError::UnknownResponse {
+                id: api::error::echo(id),
+                param,
+            }
+        })?;
+        let usable = |r: &ModelRoute| tenant.allows(&r.model);
+        match affinity::find_owner(self.snap, preferred, v.token, &usable) {
+            Ok((route, index)) => Ok((route, index, v.engine_id)),
+            // Its owner serves only models the tenant may not use (its own
+            // response, from before its models changed).
+            Err(Some((route, _))) => Err(refused_by_tenancy(GatewayError::ModelNotAllowed(
+                api::error::echo(&route.model),
+            ))),
+            Err(None) => {
+                tracing::warn!(id = %api::error::echo(id), "stored response's worker is gone");
+                Err(GatewayError::ResponseOwnerGone(api::error::echo(id)))
+            }
+        }
     }
 
     /// A request on a stored response's path: to the response's owner, with
-    /// the engine's id in the path, never elsewhere.
+    /// the engine's id in the path, never elsewhere; admitted as a request for
+    /// the owner's model.
     async fn serve_stored<B>(
         &self,
         body: B,
@@ -273,25 +314,22 @@ impl<'a> Inbound<'a> {
         let path = self.parts.uri.path();
         let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
         let (id, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        let (token, engine_id) = affinity::decode(id)
-            .ok_or_else(|| GatewayError::UnknownResponse(api::error::echo(id)))?;
-        let (route, idx) = affinity::find_owner(self.snap, None, token).ok_or_else(|| {
-            tracing::warn!(id = %id, "stored response's worker is gone");
-            GatewayError::ResponseOwnerGone(api::error::echo(id))
-        })?;
+        if !matches!(tail, "" | "/cancel" | "/input_items") {
+            return Err(GatewayError::NotFound(api::error::echo(path)));
+        }
+        let tenant = tags.tenant.clone();
+        let (route, index, engine_id) = self.owner_of(id, &tenant, None, None)?;
         *known = Some(route);
         if let Some(t) = unshared(tags) {
             t.pool = Some(route.pool.metrics.name.clone());
         }
         let mut parts = self.parts.clone();
-        let query = parts
-            .uri
-            .query()
-            .map(|q| format!("?{q}"))
-            .unwrap_or_default();
-        parts.uri = format!("/v1/responses/{engine_id}{tail}{query}")
-            .parse()
-            .map_err(|_| GatewayError::UnknownResponse(api::error::echo(id)))?;
+        parts.uri = stored_path(engine_id, tail, parts.uri.query()).ok_or_else(|| {
+            GatewayError::UnknownResponse {
+                id: api::error::echo(id),
+                param: None,
+            }
+        })?;
         let info = api::RequestInfo {
             model: Some(route.model.to_string()),
             ..Default::default()
@@ -300,7 +338,10 @@ impl<'a> Inbound<'a> {
         self.limit(route, &info, &Bytes::new(), tags).await?;
         let ctx = ForwardContext {
             parts: &parts,
-            pinned: Some(idx),
+            pinned: Some(Pinned {
+                index,
+                generates: false,
+            }),
             ..self.context(route, body, &info, tags, None)
         };
         proxy::forward(&ctx).await.map_err(|e| owner_failed(id, e))
@@ -509,6 +550,7 @@ impl<'a> Inbound<'a> {
             residency,
             global: &self.snap.config.global,
             pinned: None,
+            ids: &self.gw.ids,
             upload: None,
             routes: Some(&self.gw.routes),
         }
@@ -581,6 +623,19 @@ fn owner_failed(id: &str, e: GatewayError) -> GatewayError {
         id: api::error::echo(id),
         detail: e.to_string(),
     }
+}
+
+/// The engine's path for a stored response's call: its id (checked by
+/// `stored_id`: letters, digits, `_`, `-`), one of the known tails, and the
+/// client's query (a query cannot change the path).
+fn stored_path(engine_id: &str, tail: &str, query: Option<&str>) -> Option<http::Uri> {
+    if !proxy::stored_id::engine_id_ok(engine_id) {
+        return None;
+    }
+    let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+    format!("/v1/responses/{engine_id}{tail}{query}")
+        .parse()
+        .ok()
 }
 
 /// Read the body within `limit`. The usual body is already in hand when its

@@ -56,6 +56,9 @@ pub struct Gateway {
     pub keys: Arc<crate::tenancy::keys::IssuedKeys>,
     /// Rate, concurrency and budget state (it outlives reloads).
     pub limits: crate::tenancy::limits::Limiter,
+    /// Signs and verifies the Responses ids handed out (read once, at start:
+    /// a reload keeps it, so ids issued before stay valid).
+    pub ids: Arc<crate::proxy::stored_id::IdKey>,
     /// The engines' model lists, reused for a few seconds by `/v1/models`.
     model_cards: models::CardCache,
     shutting_down: AtomicBool,
@@ -89,6 +92,12 @@ impl Gateway {
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
         let limits = crate::tenancy::limits::Limiter::new(&config.tenancy.store);
         let keys = Arc::new(crate::tenancy::keys::IssuedKeys::default());
+        let ids = Arc::new(crate::proxy::stored_id::IdKey::new(
+            config.server.id_key.as_ref(),
+        ));
+        if !ids.is_configured() {
+            tracing::warn!("server.id_key_env is not set: Responses ids are signed with a random key for this process; other replicas, and this one after a restart, will answer 404 for them");
+        }
         if let Some(conn) = limits.redis() {
             crate::tenancy::shared_keys::spawn_sync(conn, keys.clone());
         }
@@ -110,6 +119,7 @@ impl Gateway {
             tenancy,
             keys,
             limits,
+            ids,
             model_cards: Default::default(),
             shutting_down: AtomicBool::new(false),
             reloader: arc_swap::ArcSwapOption::empty(),

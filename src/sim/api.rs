@@ -40,6 +40,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
             "/v1/responses/{id}",
             get(stored_response).delete(delete_response),
         )
+        .route("/v1/responses/{id}/input_items", get(input_items))
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
         .route("/v1/messages", post(anthropic_messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/embeddings", post(embeddings))
@@ -774,6 +776,24 @@ async fn delete_response(State(s): S, Path(id): Path<String>) -> Response {
         axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response()
     } else {
         responses::not_found(&id, None).into_response()
+    }
+}
+
+/// `GET /v1/responses/{id}/input_items`: the conversation a stored response
+/// answered, as message items.
+async fn input_items(State(s): S, Path(id): Path<String>) -> Response {
+    match s.responses.input_items(&id) {
+        Some(items) => axum::Json(items).into_response(),
+        None => responses::not_found(&id, None).into_response(),
+    }
+}
+
+/// `POST /v1/responses/{id}/cancel`: the sim runs nothing in the background,
+/// so a stored response is refused as vLLM refuses a synchronous one.
+async fn cancel_response(State(s): S, Path(id): Path<String>) -> Response {
+    match s.responses.get(&id) {
+        Some(_) => bad("Cannot cancel a synchronous response.").into_response(),
+        None => responses::not_found(&id, None).into_response(),
     }
 }
 

@@ -68,6 +68,27 @@ impl Store {
         self.with(|(map, _)| map.get(id).map(|s| s.object.clone()))
     }
 
+    /// The input items of a stored response (its conversation without the
+    /// answer), as an OpenAI list.
+    pub(super) fn input_items(&self, id: &str) -> Option<Value> {
+        let mut turns = self.turns(id)?;
+        turns.pop();
+        let data: Vec<Value> = turns
+            .iter()
+            .enumerate()
+            .map(|(i, (role, text))| {
+                json!({"id": format!("msg_{i}"), "type": "message", "role": role,
+                       "content": [{"type": "input_text", "text": text}]})
+            })
+            .collect();
+        let (first, last) = (
+            data.first().map(|d| d["id"].clone()),
+            data.last().map(|d| d["id"].clone()),
+        );
+        Some(json!({"object": "list", "data": data, "first_id": first,
+                    "last_id": last, "has_more": false}))
+    }
+
     pub(super) fn delete(&self, id: &str) -> bool {
         self.with(|(map, _)| map.remove(id).is_some())
     }

@@ -70,6 +70,7 @@ pub const LIMITS_STORE_ERRORS_TOTAL: &str = "switchyard_limits_store_errors_tota
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
 pub const CANCELLATIONS_TOTAL: &str = "switchyard_cancellations_total";
+pub const STORED_ID_REFUSALS_TOTAL: &str = "switchyard_stored_id_refusals_total";
 pub const REQUEST_CAUSED_FAILURES_TOTAL: &str = "switchyard_request_caused_failures_total";
 pub const DISAGG_DECISIONS_TOTAL: &str = "switchyard_disagg_decisions_total";
 pub const DISAGG_LEG_SECONDS: &str = "switchyard_disagg_leg_seconds";
@@ -165,6 +166,10 @@ pub fn describe() {
     describe_counter!(
         LIMIT_REFUSALS_TOTAL,
         "Requests refused by tenancy, by reason: missing_api_key, invalid_api_key, model_not_allowed, or the limit's name (requests_per_minute, tokens_per_minute, max_concurrent_requests, daily_budget_usd, monthly_budget_usd)."
+    );
+    describe_counter!(
+        STORED_ID_REFUSALS_TOTAL,
+        "Stored-response ids refused as not found without reaching an engine, by reason: format (not an id the gateway issues), legacy (the old unsigned resp_sy format), mac (not signed for the calling tenant with this gateway's id key); engine_id counts engine ids passed on unsigned."
     );
     describe_counter!(
         CANCELLATIONS_TOTAL,
