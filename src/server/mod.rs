@@ -6,6 +6,7 @@ mod admin_keys;
 mod conn;
 mod cors;
 pub mod dashboard;
+mod engine_routes;
 mod handlers;
 pub use handlers::metrics_text;
 mod models;
