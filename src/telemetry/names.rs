@@ -156,6 +156,7 @@ pub const L_FROM: &str = "from";
 pub const L_TO: &str = "to";
 pub const L_STICKY: &str = "sticky";
 pub const L_OP: &str = "op";
+pub const L_SOURCE: &str = "source";
 
 /// Register help text and units for every metric.
 pub fn describe() {
