@@ -108,11 +108,12 @@ impl WorkerUrl {
                 "`{shown}`: user credentials (`user:password@`) are not allowed in a worker URL (they would show in metrics, the dashboard and the upstream Host header); use upstream_api_key_env for a bearer token"
             ));
         }
-        // Strict first (no backslashes, no `http:///x`), then WHATWG normalisation.
-        let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        let scheme = s.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        if !matches!(scheme.as_deref(), Some("http" | "https")) {
             return Err(format!("`{s}` must start with http:// or https://"));
         }
+        // Strict first (no backslashes, no `http:///x`), then WHATWG normalisation.
+        let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
         if uri.authority().is_none_or(|a| a.host().is_empty()) {
             return Err(format!("`{s}` has no host"));
         }
@@ -316,6 +317,8 @@ mod tests {
             ("http://h:1/x#frag", "fragment"),
             ("http://u:pw@h", "credentials"),
             ("h:1", "http:// or https://"),
+            ("file:///etc/passwd", "http:// or https://"),
+            ("gopher://h:70", "http:// or https://"),
         ] {
             let e = WorkerUrl::parse(url).unwrap_err();
             assert!(e.contains(rule), "{url}: {e}");
