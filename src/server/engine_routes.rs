@@ -39,8 +39,20 @@ pub(super) fn may_forward(config: &Config, path: &str) -> bool {
             .any(|p| listed(&p.forward_routes, path) || listed(&p.allow_control_routes, path))
 }
 
+/// Is `path` (a query ignored) an engine control path: a known one, or one a
+/// pool allows? The Endpoint Picker refuses these outright (it has no admin
+/// scope to check: Envoy authenticates).
+pub fn is_control(config: &Config, path: &str) -> bool {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    CONTROL_ROUTES.contains(&path)
+        || config
+            .pools
+            .iter()
+            .any(|p| listed(&p.allow_control_routes, path))
+}
+
 /// The 404 for a path no pool forwards, counted.
-pub(super) fn not_found(path: &str) -> GatewayError {
+pub fn not_found(path: &str) -> GatewayError {
     let known_control = CONTROL_ROUTES.contains(&path);
     let refusal = if known_control {
         Refusal::ControlRoute

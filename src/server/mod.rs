@@ -6,7 +6,7 @@ mod admin_keys;
 mod conn;
 mod cors;
 pub mod dashboard;
-mod engine_routes;
+pub mod engine_routes;
 mod handlers;
 pub mod listen;
 pub use handlers::metrics_text;
