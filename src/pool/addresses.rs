@@ -104,3 +104,56 @@ async fn admit(registry: &Registry, raw: &str) -> Result<WorkerUrl, String> {
     }
     Ok(url)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker(url: &str) -> WorkerConfig {
+        WorkerConfig {
+            url: url.into(),
+            labels: Default::default(),
+            price_per_mtok: 0.0,
+            kv_events: None,
+        }
+    }
+
+    fn registry(server_lines: &str) -> std::sync::Arc<Registry> {
+        let text = format!(
+            "[server]\nlisten = \"0.0.0.0:18080\"\n{server_lines}\n[[pools]]\nname = \"p\"\nmodels = [\"m\"]\nworkers = [{{ url = \"http://10.0.0.1:8000\" }}]\n"
+        );
+        Registry::new(crate::config::parse(&text).unwrap().validate().unwrap())
+    }
+
+    fn urls(reg: &Registry) -> Vec<String> {
+        reg.snapshot().workers().map(|w| w.id.to_string()).collect()
+    }
+
+    #[test]
+    fn discovery_keeps_only_addresses_the_rules_allow() {
+        let reg = registry("");
+        reg.note_listener("127.0.0.1:41000".parse().unwrap());
+        let found = [
+            "http://169.254.169.254:8000",
+            "http://[fe80::1]:8000",
+            "http://127.0.0.1:18080",
+            "http://127.0.0.1:41000",
+            "http://10.0.0.2:8000",
+            "http://127.0.0.1:8001",
+        ];
+        reg.set_discovered_workers("p", "dns", found.iter().map(|u| worker(u)).collect());
+        assert_eq!(
+            urls(&reg),
+            [
+                "http://10.0.0.1:8000",
+                "http://10.0.0.2:8000",
+                "http://127.0.0.1:8001"
+            ]
+        );
+        // The operator may allow link-local workers; the own listeners stay refused.
+        let reg = registry("allow_link_local_workers = true");
+        reg.set_discovered_workers("p", "k8s", found.iter().map(|u| worker(u)).collect());
+        assert_eq!(urls(&reg).len(), 6, "{:?}", urls(&reg));
+        assert!(!urls(&reg).iter().any(|u| u.ends_with(":18080")));
+    }
+}
