@@ -96,6 +96,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let addr = listeners[0].local_addr()?;
     let threads = listeners.len();
     let gw = server::Gateway::start(config).await?;
+    gw.registry.note_listener(addr);
     gw.set_reloader(args.reloader());
     server::spawn_reload_triggers(gw.clone(), args.config.clone());
     if let Some(admin) = server::admin::spawn(gw.clone()).await? {

@@ -499,3 +499,36 @@ async fn observed_answers_teach_the_workers_latency_model() {
     );
     assert!(predicted >= 1.0, "no predictions for {worker}:\n{text}");
 }
+
+/// Issue 31: engine control paths never get a destination from the picker,
+/// whatever the body (the picker has no admin scope to check).
+#[tokio::test]
+async fn engine_control_paths_are_refused_before_a_pick() {
+    let sims = sims(1, 8.0).await;
+    let epp = epp(&urls(&sims), 0, "").await;
+    for (path, end) in [
+        ("/v1/load_lora_adapter", false),
+        ("/reset_prefix_cache?x=1", true),
+        ("/flush_cache", true),
+    ] {
+        let mut s = Stream::open(&epp).await;
+        s.send(
+            headers(&[(":method", "POST"), (":path", path)], end),
+            Some(BodySendMode::FullDuplexStreamed),
+        )
+        .await;
+        match s.next().await.response {
+            Some(Response::ImmediateResponse(i)) => {
+                assert_eq!(i.status.unwrap().code, 404, "{path}");
+            }
+            other => panic!("{path}: not refused: {other:?}"),
+        }
+    }
+    let text = scrape(&epp.http).await;
+    let n = metric_sum(
+        &text,
+        "switchyard_route_refusals_total",
+        &[("reason", "control_route")],
+    );
+    assert_eq!(n, 3.0, "{text}");
+}

@@ -124,10 +124,13 @@ async fn sse_events_are_not_buffered() {
     gw.shutdown().await;
 }
 
+/// Extra `/v1/...` paths reach the model's pool only when the pool lists them in
+/// `forward_routes` (before issue 31 any path naming a model was forwarded).
 #[tokio::test]
-async fn responses_and_unknown_v1_paths_go_to_the_model_pool() {
+async fn responses_and_listed_extra_v1_paths_go_to_the_model_pool() {
     let (up, _tx) = Scripted::start().await;
-    let gw = gateway(&pool_toml("scripted", &[up.url.as_str()], "")).await;
+    let extra = "forward_routes = [\"/v1/custom/thing\"]";
+    let gw = gateway(&pool_toml("scripted", &[up.url.as_str()], extra)).await;
     for path in ["/v1/responses", "/v1/custom/thing"] {
         let r = client()
             .post(format!("{}{path}", gw.url()))
@@ -141,6 +144,14 @@ async fn responses_and_unknown_v1_paths_go_to_the_model_pool() {
     let r = client()
         .post(format!("{}/v1/custom/thing", gw.url()))
         .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // A path no pool lists is not forwarded, model or not.
+    let r = client()
+        .post(format!("{}/v1/custom/other", gw.url()))
+        .body(r#"{"model":"scripted","input":"hi"}"#)
         .send()
         .await
         .unwrap();

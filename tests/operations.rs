@@ -15,7 +15,8 @@ const TOKEN: &str = "test-admin-token-0123456789";
 
 fn admin_toml() -> String {
     std::env::set_var("SWITCHYARD_TEST_ADMIN_TOKEN", TOKEN);
-    "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SWITCHYARD_TEST_ADMIN_TOKEN\"\n".into()
+    // The sims listen on loopback: the admin API may add them only when allowed.
+    "[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"SWITCHYARD_TEST_ADMIN_TOKEN\"\nallow_loopback_workers = true\n".into()
 }
 
 fn chat(model: &str, stream: bool, max_tokens: u32) -> serde_json::Value {

@@ -10,6 +10,7 @@
 //! `key.rs`. Defaults live here and nowhere else.
 
 mod edge;
+pub mod engine_routes;
 pub mod flow;
 pub mod global;
 mod key;
@@ -21,6 +22,7 @@ mod raw;
 mod read;
 mod resolve;
 mod secret;
+pub mod worker_url;
 
 pub use flow::{FairnessKey, FlowConfig, Preemption, Priority};
 use key::Key;
@@ -28,6 +30,7 @@ pub use kv_events::{KvEndpoints, KvEventsConfig, TokenizerConfig};
 use problems::Problems;
 pub use problems::Secrets;
 pub use secret::Secret;
+pub use worker_url::normalize_worker_url;
 
 pub use raw::{
     RawAdmin, RawConfig, RawDisagg, RawDns, RawHealth, RawKubernetes, RawPool, RawRouting,
@@ -40,7 +43,6 @@ pub use global::{
 };
 pub use observability::{ObservabilityConfig, TenancyConfig};
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -516,6 +518,8 @@ pub struct AdminConfig {
     pub token: Secret,
     /// Serve over TLS; with `client_ca`, only clients with a certificate from it.
     pub tls: Option<TlsConfig>,
+    /// `POST /admin/workers` may add loopback workers.
+    pub allow_loopback_workers: bool,
 }
 
 /// The engine a pool's workers run, for what differs between them: how a
@@ -606,6 +610,8 @@ pub struct ServerConfig {
     /// The key that signs the Responses ids the gateway issues (read from
     /// `id_key_env`); `None`: a random key per process.
     pub id_key: Option<Secret>,
+    /// Workers may be link-local (169.254/16, fe80::/10) or cloud metadata addresses.
+    pub allow_link_local_workers: bool,
 }
 
 impl ServerConfig {
@@ -665,6 +671,10 @@ pub struct PoolConfig {
     /// Pool names, in order.
     pub fallback: Vec<String>,
     pub lora_adapters: Vec<String>,
+    /// Extra inference paths forwarded to this pool for any caller.
+    pub forward_routes: Vec<String>,
+    /// Engine control paths forwarded to this pool for admin tenants only.
+    pub allow_control_routes: Vec<String>,
     pub kubernetes: Option<KubernetesConfig>,
     /// How prompts are tokenized for the precise index; `None`: approximate only.
     pub tokenizer: Option<TokenizerConfig>,
@@ -810,46 +820,6 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     check_file(path, Secrets::Required).map(|c| c.config)
 }
 
-/// `url` with the password of its userinfo (or a lone user name, which may be a
-/// token) replaced by `***`, for messages.
-fn redact_userinfo(url: &str) -> Cow<'_, str> {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let end = url[start..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| start + i);
-    let Some(at) = url[start..end].rfind('@').map(|i| start + i) else {
-        return Cow::Borrowed(url);
-    };
-    let masked = match url[start..at].split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => "***".to_string(),
-    };
-    Cow::Owned(format!("{}{masked}{}", &url[..start], &url[at..]))
-}
-
-/// Normalise a worker URL: scheme http/https, a host, no userinfo, no query;
-/// trailing slash dropped. Messages never show a password.
-pub fn normalize_worker_url(s: &str) -> Result<String, String> {
-    let shown = redact_userinfo(s);
-    if matches!(shown, Cow::Owned(_)) {
-        return Err(format!(
-            "`{shown}`: user credentials (`user:password@`) are not allowed in a worker URL (they would show in metrics, the dashboard and the upstream Host header); use upstream_api_key_env for a bearer token"
-        ));
-    }
-    let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") | Some("https") => {}
-        _ => return Err(format!("`{s}` must start with http:// or https://")),
-    }
-    if uri.authority().is_none() {
-        return Err(format!("`{s}` has no host"));
-    }
-    if uri.query().is_some() {
-        return Err(format!("`{s}` must not have a query string"));
-    }
-    Ok(s.trim_end_matches('/').to_string())
-}
-
 /// The address of a listener (`key`): `IP:port`, or `name:port` with a name
 /// that resolves (its first address is used).
 fn listen_addr(key: &str, value: &str, p: &mut Problems) -> Option<SocketAddr> {
@@ -888,7 +858,16 @@ impl RawConfig {
         let mut server = validate_server(server, problems);
         let health = validate_health(self.health, problems);
         let admin = validate_admin(self.admin, problems);
-        let pools = validate_pools(self.pools, problems);
+        let own: Vec<SocketAddr> = std::iter::once(server.listen)
+            .chain(admin.as_ref().and_then(|a| a.listen))
+            .filter(|a| a.port() != 0)
+            .collect();
+        let rules = worker_url::AddressRules {
+            allow_link_local: server.allow_link_local_workers,
+            allow_admin_loopback: false,
+            own: &own,
+        };
+        let pools = validate_pools(self.pools, &rules, problems);
         let pool_names: Vec<&str> = pools.pools.iter().map(|p| p.name.as_str()).collect();
         let global = global::validate(
             global::GlobalRaw {
@@ -1030,6 +1009,7 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
         tls,
         cors,
         id_key: None,
+        allow_link_local_workers: s.allow_link_local_workers.unwrap_or(false),
     }
 }
 
@@ -1110,7 +1090,11 @@ struct ValidPools {
 }
 
 /// `[[pools]]`: each pool, then what depends on all of them (names, fallbacks).
-fn validate_pools(raw: Vec<RawPool>, p: &mut Problems) -> ValidPools {
+fn validate_pools(
+    raw: Vec<RawPool>,
+    rules: &worker_url::AddressRules<'_>,
+    p: &mut Problems,
+) -> ValidPools {
     let mut valid = ValidPools {
         pools: Vec::new(),
         models: HashSet::new(),
@@ -1133,7 +1117,7 @@ fn validate_pools(raw: Vec<RawPool>, p: &mut Problems) -> ValidPools {
                 key.field("name")
             ));
         }
-        let (pool, indices) = validate_pool(&key, name, rp, &mut valid.models, p);
+        let (pool, indices) = validate_pool(&key, name, rp, rules, &mut valid.models, p);
         valid.pools.push(pool);
         valid.worker_indices.push(indices);
     }
@@ -1193,6 +1177,7 @@ fn validate_pool(
     key: &Key,
     name: String,
     rp: RawPool,
+    rules: &worker_url::AddressRules<'_>,
     models: &mut HashSet<String>,
     p: &mut Problems,
 ) -> (PoolConfig, Vec<usize>) {
@@ -1204,7 +1189,8 @@ fn validate_pool(
     }
     let routing = rp.routing.validate(&key.field("routing"), policy, p);
     let disaggregated = rp.disaggregation.is_some();
-    let (workers, indices) = validate_workers(&key.field("workers"), rp.workers, disaggregated, p);
+    let (workers, indices) =
+        validate_workers(&key.field("workers"), rp.workers, disaggregated, rules, p);
     let dns = rp
         .dns
         .map(|d| validate_dns(d, &key.field("dns"), disaggregated, p));
@@ -1253,6 +1239,8 @@ fn validate_pool(
             EngineKind::Vllm
         }
     };
+    let (forward_routes, allow_control_routes) =
+        engine_routes::validate(key, rp.forward_routes, rp.allow_control_routes, p);
     let pool = PoolConfig {
         name,
         models: rp.models,
@@ -1283,6 +1271,8 @@ fn validate_pool(
         upstream_ca_file: rp.upstream_ca_file,
         fallback: rp.fallback,
         lora_adapters: rp.lora_adapters,
+        forward_routes,
+        allow_control_routes,
         kubernetes,
         tokenizer: rp
             .tokenizer
@@ -1305,6 +1295,7 @@ fn validate_workers(
     key: &Key,
     raw: Vec<RawWorker>,
     disaggregated: bool,
+    rules: &worker_url::AddressRules<'_>,
     p: &mut Problems,
 ) -> (Vec<WorkerConfig>, Vec<usize>) {
     let mut workers = Vec::new();
@@ -1315,7 +1306,9 @@ fn validate_workers(
         if disaggregated {
             check_role(&key.field("labels"), &w.labels, p);
         }
-        let url = match normalize_worker_url(&w.url) {
+        let checked = worker_url::WorkerUrl::parse(&w.url)
+            .and_then(|u| u.check(worker_url::Origin::Config, rules).map(|()| u.url));
+        let url = match checked {
             Ok(url) => url,
             Err(e) => {
                 p.push(format!("{}: {e}", key.field("url")));
@@ -1663,6 +1656,7 @@ fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<resolve::PendingAdmin
         listen,
         token_env,
         tls,
+        allow_loopback_workers: a.allow_loopback_workers.unwrap_or(false),
     })
 }
 

@@ -110,6 +110,9 @@ pub struct RawTenant {
     pub slo_ttft_ms: Option<u32>,
     /// Default time-per-output-token objective of this tenant's requests (ms).
     pub slo_tpot_ms: Option<u32>,
+    /// Admin scope: the tenant's keys may call the engine control routes a pool
+    /// allows (`allow_control_routes`). Default false.
+    pub admin: Option<bool>,
 }
 
 /// One row of the price table. Matchers left out match anything; the most
@@ -325,6 +328,8 @@ pub struct TenantConfig {
     /// Default latency objectives (ms) when a request sends none.
     pub slo_ttft_ms: Option<u32>,
     pub slo_tpot_ms: Option<u32>,
+    /// Admin scope (engine control routes a pool allows), with a key only.
+    pub admin: bool,
 }
 
 impl std::fmt::Debug for TenancyConfig {
@@ -648,6 +653,13 @@ fn tenant_config(
     if t.priority.as_deref() == Some("") {
         p.push(format!("{}: must not be empty", key.field("priority")));
     }
+    let admin = t.admin.unwrap_or(false);
+    if admin && t.api_key_env.is_none() && t.key_sha256.is_none() {
+        p.push(format!(
+            "{}: an admin tenant needs an API key (api_key_env or key_sha256); admin scope is never given by x-switchyard-tenant",
+            key.field("admin")
+        ));
+    }
     let model_limits = t
         .model_limits
         .into_iter()
@@ -668,6 +680,7 @@ fn tenant_config(
         limits: super::limits::validate(&key.field("limits"), t.limits, p),
         key_limits: super::limits::validate(&key.field("key_limits"), t.key_limits, p),
         model_limits,
+        admin,
     }
 }
 

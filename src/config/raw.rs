@@ -79,6 +79,8 @@ pub struct RawAdmin {
     pub token_env: Option<String>,
     /// Serve the admin API over TLS (optionally requiring client certificates).
     pub tls: Option<super::edge::RawTls>,
+    /// `POST /admin/workers` may add loopback workers (default false).
+    pub allow_loopback_workers: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -128,6 +130,8 @@ pub struct RawServer {
     pub cors: Option<super::edge::RawCors>,
     /// Environment variable holding the key that signs Responses ids.
     pub id_key_env: Option<String>,
+    /// Accept link-local and cloud-metadata worker addresses (default false).
+    pub allow_link_local_workers: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -203,6 +207,14 @@ pub struct RawPool {
     pub tokenizer: Option<super::kv_events::RawTokenizer>,
     /// `[pools.kv_events]`: the engines' KV-cache event streams.
     pub kv_events: Option<super::kv_events::RawKvEvents>,
+    /// Extra inference paths (beyond the built-in OpenAI/Anthropic/vLLM ones)
+    /// forwarded to this pool for any caller.
+    #[serde(default)]
+    pub forward_routes: Vec<String>,
+    /// Engine control paths (`/v1/load_lora_adapter`, `/reset_prefix_cache`, …)
+    /// forwarded to this pool for admin tenants only.
+    #[serde(default)]
+    pub allow_control_routes: Vec<String>,
 }
 
 /// `[pools.routing]`. Units in the names; defaults and meaning in `config/mod.rs`

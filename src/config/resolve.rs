@@ -13,6 +13,7 @@ pub(crate) struct PendingAdmin {
     pub listen: Option<SocketAddr>,
     pub token_env: String,
     pub tls: Option<super::TlsConfig>,
+    pub allow_loopback_workers: bool,
 }
 
 /// A tenant (`key` is `tenants[N]`) before its API key is read.
@@ -43,6 +44,7 @@ pub(crate) fn admin(a: Option<PendingAdmin>, p: &mut Problems) -> Option<AdminCo
         listen: a.listen?,
         token,
         tls: a.tls,
+        allow_loopback_workers: a.allow_loopback_workers,
     })
 }
 

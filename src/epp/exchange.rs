@@ -168,6 +168,11 @@ impl Exchange {
         let (path, headers) = convert_headers(h.headers.as_ref());
         self.path = path;
         self.headers = headers;
+        let config = self.shared.gw.registry.config();
+        if crate::server::engine_routes::is_control(&config, &self.path) {
+            let path = self.path.split('?').next().unwrap_or_default().to_string();
+            return self.refuse(&crate::server::engine_routes::not_found(&path));
+        }
         if h.end_of_stream || self.request_mode == BodyMode::None {
             return self.route_by_path();
         }

@@ -77,8 +77,8 @@ pub async fn start(
 ) -> anyhow::Result<PickerHandle> {
     let serve = args.serve_args();
     let config = serve.resolve()?;
-    let http = tokio::net::TcpListener::bind(config.server.listen).await?;
-    let grpc = tokio::net::TcpListener::bind(args.grpc_listen).await?;
+    let http = server::listen::bind_exclusive(config.server.listen, "server.listen")?;
+    let grpc = server::listen::bind_exclusive(args.grpc_listen, "--grpc-listen")?;
     let (http_addr, grpc_addr) = (http.local_addr()?, grpc.local_addr()?);
     let gw = Gateway::start(config).await?;
     gw.set_reloader(serve.reloader());

@@ -3,6 +3,7 @@
 //! the config or a worker list changes; background tasks (discovery, health,
 //! stats) keep the workers' state current.
 
+mod addresses;
 pub mod dcgm;
 pub mod discovery;
 mod dns;
@@ -18,10 +19,11 @@ pub mod scaling;
 pub mod stats;
 mod worker;
 
+pub use addresses::admit_admin_worker;
 pub use discovery::spawn_model_discovery;
 pub use dns::spawn_dns_discovery;
 pub use health::spawn_health_checks;
 pub use k8s::spawn_k8s_discovery;
-pub use registry::{PoolRuntime, PoolSet, Registry};
+pub use registry::{AddWorkerError, PoolRuntime, PoolSet, Registry};
 pub use stats::spawn_stats_poller;
 pub use worker::{InFlightGuard, RequestSize, Reservation, Role, Worker, WorkerState};

@@ -88,6 +88,25 @@ pub struct Registry {
     /// Latency models pooled per accelerator kind (label `accelerator`), shared
     /// by that kind's workers; bounded by the distinct labels configured.
     kinds: DashMap<String, Arc<super::predict::LatencyModel>>,
+    /// The gateway's own listener addresses: never a worker (`addresses.rs`).
+    pub(super) own: Mutex<Vec<std::net::SocketAddr>>,
+}
+
+/// Why a worker could not be added.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AddWorkerError {
+    NoPool(String),
+    /// The pools already have a worker at this (normalised) URL.
+    Duplicate(String),
+}
+
+impl std::fmt::Display for AddWorkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddWorkerError::NoPool(p) => write!(f, "no pool named `{p}`"),
+            AddWorkerError::Duplicate(u) => write!(f, "a worker `{u}` is already in the pools"),
+        }
+    }
 }
 
 impl Registry {
@@ -139,6 +158,11 @@ impl Registry {
     }
 
     pub fn new(config: Config) -> Arc<Registry> {
+        // Configured fixed ports are known now; bound ones are noted by the server.
+        let own = std::iter::once(config.server.listen)
+            .chain(config.admin.as_ref().map(|a| a.listen))
+            .filter(|a| a.port() != 0)
+            .collect();
         let config = Arc::new(config);
         let reg = Registry {
             current: ArcSwap::from_pointee(PoolSet {
@@ -154,6 +178,7 @@ impl Registry {
             queues: DashMap::new(),
             kv: DashMap::new(),
             kinds: DashMap::new(),
+            own: Mutex::new(own),
         };
         reg.rebuild();
         Arc::new(reg)
@@ -200,16 +225,21 @@ impl Registry {
     }
 
     /// Add a worker to a pool at run time. Errors name the problem.
-    pub fn add_worker(&self, pool: &str, worker: WorkerConfig) -> Result<(), String> {
+    pub fn add_worker(&self, pool: &str, worker: WorkerConfig) -> Result<(), AddWorkerError> {
         let config = self.config.load_full();
         if !config.pools.iter().any(|p| p.name == pool) {
-            return Err(format!("no pool named `{pool}`"));
+            return Err(AddWorkerError::NoPool(pool.to_string()));
+        }
+        let mut list = self.dynamic.entry(pool.to_string()).or_default();
+        // Under the pool's entry lock, so two concurrent adds cannot both pass.
+        let listed = self.snapshot().workers().any(|w| *w.id == *worker.url)
+            || list.iter().any(|w| w.url == worker.url);
+        if listed && !self.removed.contains_key(&worker.url) {
+            return Err(AddWorkerError::Duplicate(worker.url));
         }
         self.removed.remove(&worker.url);
-        let mut list = self.dynamic.entry(pool.to_string()).or_default();
-        if !list.iter().any(|w| w.url == worker.url) {
-            list.push(worker);
-        }
+        list.retain(|w| w.url != worker.url);
+        list.push(worker);
         drop(list);
         self.rebuild();
         Ok(())
@@ -231,6 +261,7 @@ impl Registry {
     /// Replace the workers a discovery `source` (e.g. `dns`, `k8s`) found for a
     /// pool; rebuilds only on change.
     pub fn set_discovered_workers(&self, pool: &str, source: &str, workers: Vec<WorkerConfig>) {
+        let workers = self.keep_allowed(source, workers);
         let key = format!("{source}:{pool}");
         if self.dynamic.get(&key).is_some_and(|w| *w == workers) {
             return;

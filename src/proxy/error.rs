@@ -63,6 +63,9 @@ pub enum GatewayError {
     MethodNotAllowed { method: String, path: String },
     #[error("Unknown request URL: {0}")]
     NotFound(String),
+    /// An engine control route the pool allows, called without admin scope.
+    #[error("`{0}` is an engine control route: only an admin tenant's API key may call it")]
+    ControlRouteForbidden(String),
     #[error("No healthy worker is available for model `{0}`")]
     NoHealthyWorker(String),
     /// The request's residency leaves no worker able to serve it.
@@ -138,7 +141,7 @@ impl GatewayError {
             UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             TenantNeedsKey | MissingApiKey | InvalidApiKey => StatusCode::UNAUTHORIZED,
-            ModelNotAllowed(_) => StatusCode::FORBIDDEN,
+            ModelNotAllowed(_) | ControlRouteForbidden(_) => StatusCode::FORBIDDEN,
             Limited(r) if r.kind == LimitKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             UnknownModel(_)
@@ -182,6 +185,7 @@ impl GatewayError {
             MissingApiKey => "missing_api_key",
             InvalidApiKey => "invalid_api_key",
             ModelNotAllowed(_) => "model_not_allowed",
+            ControlRouteForbidden(_) => "control_route_forbidden",
             Limited(r) => r.kind.as_str(),
             NotFound(_) => "not_found",
             ResponseOwnerGone(_) => "response_owner_gone",
@@ -224,6 +228,7 @@ impl GatewayError {
             | MissingApiKey
             | InvalidApiKey
             | ModelNotAllowed(_)
+            | ControlRouteForbidden(_)
             | Limited(_)
             | UnknownModel(_)
             | NotFound(_)
@@ -273,7 +278,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             TenantNeedsKey | MissingApiKey | InvalidApiKey => "authentication_error",
-            ModelNotAllowed(_) => "permission_error",
+            ModelNotAllowed(_) | ControlRouteForbidden(_) => "permission_error",
             Limited(r) if r.kind.is_budget() => "insufficient_quota",
             Limited(r) if r.kind == LimitKind::StoreUnavailable => "service_unavailable",
             Limited(_) => "rate_limit_exceeded",
@@ -309,6 +314,7 @@ impl GatewayError {
             }
             Limited(r) => (Some(r.kind.as_str()), Some("rate_limit_exceeded")),
             NotFound(_) => (None, Some("unknown_url")),
+            ControlRouteForbidden(_) => (None, Some("control_route_forbidden")),
             ResponseOwnerGone(_) => (Some("previous_response_id"), Some("response_owner_gone")),
             UnknownResponse { param, .. } => (*param, Some("response_not_found")),
             ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),

@@ -5,6 +5,7 @@
 use super::Gateway;
 use crate::api::ErrorBody;
 use crate::config::{normalize_worker_url, WorkerConfig};
+use crate::pool::AddWorkerError;
 use crate::tenancy::bearer_token;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -27,8 +28,9 @@ pub async fn spawn(gw: Arc<Gateway>) -> std::io::Result<Option<SocketAddr>> {
     let Some(admin) = gw.registry.config().admin.clone() else {
         return Ok(None);
     };
-    let listener = tokio::net::TcpListener::bind(admin.listen).await?;
+    let listener = super::listen::bind_exclusive(admin.listen, "admin.listen")?;
     let addr = listener.local_addr()?;
+    gw.registry.note_listener(addr);
     if !addr.ip().is_loopback() {
         tracing::warn!(%addr, "the admin API listens on a non-loopback address: anyone who can reach it needs only the token; prefer 127.0.0.1 and a tunnel");
     }
@@ -167,8 +169,8 @@ struct ByUrl {
 }
 
 async fn add(State(gw): State<Arc<Gateway>>, body: Json<AddWorker>) -> Response {
-    let url = match normalize_worker_url(&body.url) {
-        Ok(u) => u,
+    let url = match crate::pool::admit_admin_worker(&gw.registry, &body.url).await {
+        Ok(u) => u.url,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("url: {e}")),
     };
     let wc = WorkerConfig {
@@ -183,13 +185,20 @@ async fn add(State(gw): State<Arc<Gateway>>, body: Json<AddWorker>) -> Response 
             Json(serde_json::json!({ "added": url })),
         )
             .into_response(),
-        Err(e) => error(StatusCode::NOT_FOUND, &e),
+        Err(e @ AddWorkerError::Duplicate(_)) => error(StatusCode::CONFLICT, &format!("url: {e}")),
+        Err(e) => error(StatusCode::NOT_FOUND, &e.to_string()),
     }
 }
 
+/// A worker URL named in a request, in the pools' spelling (`http://H:80/` is
+/// `http://h`); an unparsable one is left as sent, to be reported unknown.
+fn normalized(url: &str) -> String {
+    normalize_worker_url(url).unwrap_or_else(|_| url.trim_end_matches('/').to_string())
+}
+
 async fn remove(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
-    let url = body.url.trim_end_matches('/');
-    if gw.registry.remove_worker(url) {
+    let url = normalized(&body.url);
+    if gw.registry.remove_worker(&url) {
         Json(serde_json::json!({ "removed": url })).into_response()
     } else {
         error(StatusCode::NOT_FOUND, &format!("no worker `{url}`"))
@@ -197,7 +206,8 @@ async fn remove(State(gw): State<Arc<Gateway>>, body: Json<ByUrl>) -> Response {
 }
 
 fn set_draining(gw: &Gateway, url: &str, on: bool) -> Response {
-    let url = url.trim_end_matches('/');
+    let url = normalized(url);
+    let url = url.as_str();
     match gw.registry.worker_state(url) {
         Some(s) if gw.routes.snapshot().workers().any(|w| &*w.id == url) => {
             s.draining.store(on, Ordering::Relaxed);

@@ -199,6 +199,10 @@ impl<'a> Inbound<'a> {
             known: known_residencies(&self.snap.config.global),
         })?;
         let (route, body) = self.resolve(&info, body, residency.as_ref())?;
+        let path = self.parts.uri.path();
+        if self.endpoint == Endpoint::Other && !api::inspect::MODEL_PATHS.contains(&path) {
+            super::engine_routes::admit(path, &route.pool.config, &tags.tenant)?;
+        }
         let tenant = tags.tenant.clone();
         let (route, body, pinned) = self.continuation(&info, &tenant, route, body)?;
         *known = Some(route);
@@ -848,12 +852,15 @@ pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         .into_response()
 }
 
-/// Unknown paths: `/v1/...` with a JSON body naming a model goes to that model's
-/// pool; anything else is a 404 in OpenAI's shape.
+/// Paths without a route of their own: a `POST` some pool forwards
+/// (`server/engine_routes.rs`) goes to the proxy, the resolved pool deciding;
+/// anything else is a 404 in OpenAI's shape, never sent to an engine.
 pub async fn fallback(state: State<Arc<Gateway>>, req: Request) -> Response {
-    if req.uri().path().starts_with("/v1/") && req.method() == http::Method::POST {
+    let path = req.uri().path();
+    if req.method() == http::Method::POST
+        && super::engine_routes::may_forward(&state.registry.config(), path)
+    {
         return proxy(state, req).await;
     }
-    let e = GatewayError::NotFound(api::error::echo(req.uri().path()));
-    refuse(&e, req.headers())
+    refuse(&super::engine_routes::not_found(path), req.headers())
 }

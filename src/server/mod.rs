@@ -6,7 +6,9 @@ mod admin_keys;
 mod conn;
 mod cors;
 pub mod dashboard;
+pub mod engine_routes;
 mod handlers;
+pub mod listen;
 pub use handlers::metrics_text;
 mod models;
 mod reload;
@@ -309,9 +311,10 @@ impl ServerHandle {
 
 /// Bind `listen` (port 0 for an ephemeral port) and serve in a background task.
 pub async fn spawn(config: Config) -> std::io::Result<ServerHandle> {
-    let listener = TcpListener::bind(config.server.listen).await?;
+    let listener = listen::bind_exclusive(config.server.listen, "server.listen")?;
     let addr = listener.local_addr()?;
     let gateway = Gateway::start(config).await?;
+    gateway.registry.note_listener(addr);
     let admin_addr = admin::spawn(gateway.clone()).await?;
     let (stop, mut rx) = tokio::sync::watch::channel(false);
     let gw = gateway.clone();

@@ -7,7 +7,6 @@
 //! the runtime that started the gateway.
 
 use super::{serve_with_permits, Gateway};
-use socket2::{Domain, Protocol, Socket, Type};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -15,23 +14,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// Bind `n` listeners on `addr` with `SO_REUSEPORT`, so the kernel spreads new
-/// connections over them. Port 0 picks one free port shared by all of them.
+/// connections over them, once no other process listens there
+/// (`server/listen.rs`). Port 0 picks one free port shared by all of them.
 pub fn bind(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
-    let mut out: Vec<std::net::TcpListener> = Vec::with_capacity(n.max(1));
-    let mut addr = addr;
-    for _ in 0..n.max(1) {
-        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        s.set_reuse_address(true)?;
-        #[cfg(unix)]
-        s.set_reuse_port(true)?;
-        s.set_nonblocking(true)?;
-        s.bind(&addr.into())?;
-        s.listen(4096)?;
-        let l: std::net::TcpListener = s.into();
-        addr = l.local_addr()?;
-        out.push(l);
-    }
-    Ok(out)
+    super::listen::bind_shared(addr, n, "server.listen")
 }
 
 /// Serving threads started by [`start`]; [`Shards::join`] waits for their drain.

@@ -286,7 +286,12 @@ pub async fn spawn(mut cfg: SimConfig) -> std::io::Result<SimHandle> {
         );
         cfg.max_model_len = capacity;
     }
-    let listener = TcpListener::bind((cfg.host.as_str(), cfg.port)).await?;
+    let listener = TcpListener::bind((cfg.host.as_str(), cfg.port))
+        .await
+        .map_err(|e| {
+            let at = format!("{}:{}", cfg.host, cfg.port);
+            std::io::Error::new(e.kind(), format!("sim cannot listen on {at}: {e}"))
+        })?;
     let addr = listener.local_addr()?;
     let params = engine::Params::from_config(&cfg);
     let stats = Arc::new(metrics::Stats {

@@ -66,6 +66,8 @@ pub const TLS_CERT_RELOADS_TOTAL: &str = "switchyard_tls_certificate_reloads_tot
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "switchyard_tls_handshake_failures_total";
 pub const CORS_REFUSED_TOTAL: &str = "switchyard_cors_refused_total";
 pub const LIMIT_REFUSALS_TOTAL: &str = "switchyard_limit_refusals_total";
+pub const ROUTE_REFUSALS_TOTAL: &str = "switchyard_route_refusals_total";
+pub const WORKER_ADDRESS_REFUSALS_TOTAL: &str = "switchyard_worker_address_refusals_total";
 pub const LIMITS_STORE_ERRORS_TOTAL: &str = "switchyard_limits_store_errors_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
@@ -155,6 +157,7 @@ pub const L_FROM: &str = "from";
 pub const L_TO: &str = "to";
 pub const L_STICKY: &str = "sticky";
 pub const L_OP: &str = "op";
+pub const L_SOURCE: &str = "source";
 
 /// Register help text and units for every metric.
 pub fn describe() {
@@ -162,6 +165,14 @@ pub fn describe() {
     describe_counter!(
         LIMITS_STORE_ERRORS_TOTAL,
         "Failed calls to the shared limits store (Redis), by op (admit, settle); on_redis_error decides what admit failures do."
+    );
+    describe_counter!(
+        ROUTE_REFUSALS_TOTAL,
+        "Requests for paths the gateway does not forward, by reason: unknown_route (no built-in route, forward_routes or allow_control_routes entry), control_route (a known engine control route no pool allows), not_admin (an allowed control route called without an admin tenant's key)."
+    );
+    describe_counter!(
+        WORKER_ADDRESS_REFUSALS_TOTAL,
+        "Worker addresses refused by the address rules, by source: admin (POST /admin/workers), dns, k8s."
     );
     describe_counter!(
         LIMIT_REFUSALS_TOTAL,

@@ -53,9 +53,17 @@ pub struct TenantPolicy {
     pub limits: Limits,
     pub key_limits: Limits,
     pub model_limits: BTreeMap<String, Limits>,
+    /// `admin = true`: may call the engine control routes a pool allows.
+    pub admin: bool,
 }
 
 impl Tenant {
+    /// Admin scope: a configured admin tenant that presented one of its keys
+    /// (never a tenant named by the trusted header alone).
+    pub fn is_admin(&self) -> bool {
+        self.key_id.is_some() && self.policy.as_ref().is_some_and(|p| p.admin)
+    }
+
     /// Whether the tenant may use `model` (the configured name, after aliases).
     pub fn allows(&self, model: &str) -> bool {
         self.policy.as_ref().is_none_or(|p| {
@@ -133,6 +141,7 @@ fn configured(t: &TenantConfig) -> Tenant {
             limits: t.limits.clone(),
             key_limits: t.key_limits.clone(),
             model_limits: t.model_limits.clone(),
+            admin: t.admin,
         })),
         slo: crate::api::Slo {
             ttft_ms: t.slo_ttft_ms,
