@@ -87,7 +87,7 @@ impl Gateway {
         let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
-        let limits = crate::tenancy::limits::Limiter::new(&config.tenancy.store);
+        let limits = crate::tenancy::limits::Limiter::new(&config.tenancy.limits.store);
         let keys = Arc::new(crate::tenancy::keys::IssuedKeys::default());
         if let Some(conn) = limits.redis() {
             crate::tenancy::shared_keys::spawn_sync(conn, keys.clone());
