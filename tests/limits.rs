@@ -732,3 +732,54 @@ async fn budgets_are_not_overspent(url: &str, model: &str) {
     .await;
     assert!(spent <= 0.05 + 1e-9, "spent ${spent} of a $0.05 day");
 }
+
+/// A reload that changes `[limits]`: the default reservation applies at
+/// once; moving the state to another store cannot, so the reload is
+/// rejected (counted, warned) and the running config kept.
+#[tokio::test]
+async fn a_limits_reload_applies_or_is_rejected() {
+    let s = sims(1, 50.0).await;
+    let model = sim_model();
+    std::env::set_var("SY_RELOAD_KEY", "sk-reload-limits-9a8b7c6d5e");
+    let toml = |extra: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[limits]\n{extra}\n[tenancy]\nrequire_key = true\n\
+             [[tenants]]\nname = \"r\"\napi_key_env = \"SY_RELOAD_KEY\"\n[tenants.limits]\n\
+             tokens_per_minute = 100000\n{}",
+            support::pool_toml(&model, &[&s[0].url()], "")
+        )
+    };
+    let text = std::sync::Arc::new(parking_lot::Mutex::new(toml("default_max_tokens = 100")));
+    let parse = |t: &str| switchyard::config::parse(t).and_then(|r| r.validate());
+    let gw = switchyard::server::spawn(parse(&text.lock()).unwrap())
+        .await
+        .unwrap();
+    let shared = text.clone();
+    gw.gateway
+        .set_reloader(Box::new(move || parse(&shared.lock())));
+    let url = gw.url();
+    let mut b = body(&model, 0, false);
+    b.as_object_mut().unwrap().remove("max_tokens");
+    let status = || async {
+        let r = post(&url, Some("sk-reload-limits-9a8b7c6d5e"), &b).await;
+        r.status().as_u16()
+    };
+    assert_eq!(status().await, 200);
+    // A default larger than the whole limit: the same request can never fit.
+    *text.lock() = toml("default_max_tokens = 200000");
+    gw.gateway.reload().expect("a new default reloads");
+    assert_eq!(status().await, 400);
+
+    *text.lock() = toml("state = \"redis\"\nredis_url = \"redis://127.0.0.1:1/\"");
+    let e = gw.gateway.reload().unwrap_err();
+    assert!(e.contains("restart required"), "{e}");
+    let m = scrape(&url).await;
+    let rejected = metric_sum(
+        &m,
+        "switchyard_config_reloads_total",
+        &[("result", "rejected")],
+    );
+    assert!(rejected >= 1.0, "rejected reloads {rejected}");
+    // The running config (memory store, the large default) is kept.
+    assert_eq!(status().await, 400);
+}

@@ -314,6 +314,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn output_caps_and_choices_are_read_from_every_api() {
+        let read = |b: &'static [u8]| inspect(&Bytes::from_static(b)).unwrap();
+        let r = read(br#"{"model":"m","input":"hi","max_output_tokens":9}"#);
+        assert_eq!((r.max_tokens, r.choices), (Some(9), None));
+        let c = read(br#"{"model":"m","prompt":"hi","max_tokens":5,"n":2,"best_of":3}"#);
+        assert_eq!((c.max_tokens, c.choices), (Some(5), Some(3)));
+        let Err(InspectError::Malformed(m)) = inspect(&Bytes::from_static(br#"{"n":-1}"#)) else {
+            panic!("a negative n passed");
+        };
+        assert!(m.contains("`n` must be a non-negative integer"), "{m}");
+    }
+
+    #[test]
     fn nesting_is_counted_outside_strings_only() {
         let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
         assert_eq!(check_depth(deep(64).as_bytes(), 64), Ok(()));

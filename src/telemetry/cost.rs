@@ -97,6 +97,23 @@ mod tests {
     }
 
     #[test]
+    fn the_worst_cost_is_the_dearest_row_that_may_apply() {
+        let table = vec![
+            row(None, None, None, 1.0),
+            row(Some("m"), None, Some("h100"), 3.0),
+            row(Some("other"), None, None, 9.0),
+        ];
+        let t = TokenCounts {
+            prompt: 1_000_000,
+            cached: 0,
+            output: 0,
+        };
+        assert_eq!(worst_usd(&table, "m", "p", t), 3.0);
+        assert_eq!(worst_usd(&table, "x", "p", t), 1.0);
+        assert_eq!(worst_usd(&[], "m", "p", t), 0.0);
+    }
+
+    #[test]
     fn the_most_specific_matching_row_wins() {
         let table = vec![
             row(None, None, None, 1.0),

@@ -520,6 +520,76 @@ fn refusal(
 mod tests {
     use super::*;
 
+    fn redis(url: &str, fail_closed: bool) -> LimitsStore {
+        LimitsStore::Redis(crate::config::limits::RedisStore {
+            url: url.to_string().into(),
+            fail_closed,
+            timeout: std::time::Duration::from_millis(100),
+            lease: std::time::Duration::from_secs(30),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_reload_changes_the_mode_in_place_but_not_the_store() {
+        let l = Limiter::new(&redis("redis://127.0.0.1:1/", false));
+        assert!(l.reconfigure(&redis("redis://127.0.0.1:1/", true)).is_ok());
+        assert!(l.shared.load().as_ref().unwrap().fail_closed());
+        for other in [redis("redis://127.0.0.1:2/", true), LimitsStore::Memory] {
+            let e = l.reconfigure(&other).unwrap_err();
+            assert!(e.contains("restart required"), "{e}");
+        }
+        assert!(Limiter::new(&LimitsStore::Memory)
+            .reconfigure(&redis("redis://127.0.0.1:1/", false))
+            .is_err());
+    }
+
+    #[test]
+    fn the_worst_output_is_max_tokens_times_choices_or_the_default() {
+        use crate::api::Endpoint as E;
+        let policy = crate::tenancy::TenantPolicy {
+            model_limits: [(
+                "m".to_string(),
+                Limits {
+                    default_max_tokens: Some(7),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let t = Tenant {
+            name: "t".into(),
+            authenticated: true,
+            residency: None,
+            key_id: None,
+            policy: Some(std::sync::Arc::new(policy)),
+            slo: Default::default(),
+        };
+        let info = |max_tokens, choices| crate::api::RequestInfo {
+            max_tokens,
+            choices,
+            ..Default::default()
+        };
+        assert_eq!(
+            worst_output(&t, "m", E::ChatCompletions, &info(Some(10), Some(4)), 99),
+            40
+        );
+        assert_eq!(
+            worst_output(&t, "m", E::Completions, &info(None, Some(0)), 99),
+            7
+        );
+        assert_eq!(
+            worst_output(&t, "x", E::Responses, &info(None, None), 99),
+            99
+        );
+        assert_eq!(
+            worst_output(&t, "m", E::Embeddings, &info(Some(10), None), 99),
+            0
+        );
+        let huge = info(Some(u64::MAX), Some(4));
+        assert_eq!(worst_output(&t, "m", E::Messages, &huge, 99), u64::MAX);
+    }
+
     #[test]
     fn estimates_count_bytes_and_optionally_max_tokens() {
         assert_eq!(estimate_tokens(0, None, true), 1);

@@ -200,6 +200,11 @@ impl Shared {
         })
     }
 
+    #[cfg(test)]
+    pub(super) fn fail_closed(&self) -> bool {
+        self.fail_closed
+    }
+
     /// The same connection with a reloaded mode, timeout and lease.
     pub(super) fn with_settings(&self, cfg: &RedisStore) -> Shared {
         Shared {
