@@ -751,9 +751,8 @@ async fn a_limits_reload_applies_or_is_rejected() {
     };
     let text = std::sync::Arc::new(parking_lot::Mutex::new(toml("default_max_tokens = 100")));
     let parse = |t: &str| switchyard::config::parse(t).and_then(|r| r.validate());
-    let gw = switchyard::server::spawn(parse(&text.lock()).unwrap())
-        .await
-        .unwrap();
+    let first = parse(&text.lock()).unwrap();
+    let gw = switchyard::server::spawn(first).await.unwrap();
     let shared = text.clone();
     gw.gateway
         .set_reloader(Box::new(move || parse(&shared.lock())));
