@@ -107,6 +107,32 @@ impl Local {
     }
 }
 
+/// Reserve `ask`'s worst cost in the scope's budgets, if it has any (`true`
+/// when something was reserved).
+fn reserve_spend(
+    scope: &Scope,
+    s: &ScopeRef<'_>,
+    ask: Ask,
+    cal: Calendar,
+) -> Result<bool, Box<Refusal>> {
+    let l = s.limits;
+    if l.daily_budget_usd.is_none() && l.monthly_budget_usd.is_none() {
+        return Ok(false);
+    }
+    let budgets = (l.daily_budget_usd, l.monthly_budget_usd);
+    scope
+        .spend
+        .reserve(cal, ask.nano_usd(), budgets)
+        .map_err(|(kind, spent)| {
+            let left = match kind {
+                LimitKind::DailyBudget => cal.day_left_s,
+                _ => cal.month_left_s,
+            };
+            refusal(kind, s, ask, spent, left)
+        })?;
+    Ok(true)
+}
+
 impl Held {
     /// Take this request's share of one scope, or say which limit it is over.
     fn take(
@@ -131,17 +157,7 @@ impl Held {
                 return Err(refusal(LimitKind::Concurrency, s, ask, 0.0, 1));
             }
         }
-        if l.daily_budget_usd.is_some() || l.monthly_budget_usd.is_some() {
-            let budgets = (l.daily_budget_usd, l.monthly_budget_usd);
-            if let Err((kind, spent)) = scope.spend.reserve(cal, ask.nano_usd(), budgets) {
-                let left = match kind {
-                    LimitKind::DailyBudget => cal.day_left_s,
-                    _ => cal.month_left_s,
-                };
-                return Err(refusal(kind, s, ask, spent, left));
-            }
-            held.took_spend = true;
-        }
+        held.took_spend = reserve_spend(&scope, s, ask, cal)?;
         if let Some(rpm) = l.requests_per_minute {
             let taken = scope.requests.take(now, 1, rpm);
             let w = match taken {
