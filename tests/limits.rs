@@ -1,7 +1,8 @@
 //! API keys, tenants and limits through the real binary: 401 without a
 //! recognised key, 403 for a model the tenant may not use, 429 with
 //! `Retry-After` and the limit named for requests per minute, concurrency,
-//! tokens and budgets, OpenAI's rate-limit headers on every limited response,
+//! tokens and budgets, worst cases reserved up front (a request that can
+//! never fit is a 400), OpenAI's rate-limit headers on every limited response,
 //! the token estimate corrected by the real usage, keys created, listed and
 //! revoked through the admin API, and no key in `/metrics`, the access log or
 //! the process's log output.
@@ -280,8 +281,8 @@ async fn concurrency(url: &str, model: &str) {
     .await;
 }
 
-/// The token estimate is the prompt; the real usage (prompt and 300 output
-/// tokens) is charged when the request ends.
+/// The reservation is the prompt and `max_tokens`; the real usage (prompt and
+/// 300 output tokens) replaces it when the request ends.
 async fn token_correction(url: &str, model: &str) {
     let base = metric_sum(
         &scrape(url).await,
@@ -297,13 +298,18 @@ async fn token_correction(url: &str, model: &str) {
     let output = usage["usage"]["completion_tokens"].as_u64().unwrap();
     assert_eq!(output, 300);
     finished(url, base + 1.0).await;
+    // The 300 output tokens were reserved up front, with the prompt.
+    assert!(
+        first <= 600 - output,
+        "{first} tokens left after a request reserving {output} output tokens"
+    );
     let r = post(url, Some(TOK_KEY), &body(model, 1, false)).await;
     let second = num(&r, &h::REMAINING_TOKENS);
-    // Without the correction the second estimate would leave about `first`
-    // minus a few tokens; with it the 300 output tokens are gone too (less what
-    // refilled meanwhile, at 10 tokens a second).
+    // It used what it reserved (ignore_eos): the settlement changed little,
+    // the next request takes its own prompt (less what refilled meanwhile,
+    // at 10 tokens a second).
     assert!(
-        first.saturating_sub(second) >= output / 2,
+        second < first && first - second < output / 2,
         "remaining tokens {first} then {second} after {output} output tokens"
     );
 }
@@ -516,5 +522,263 @@ topic = "kv-events"
         false,
     );
     assert_ne!(prompt, estimate, "the byte estimate would pass too");
-    assert_eq!(remaining, 10_000 - prompt);
+    // The exact prompt plus the one output token `max_tokens` reserves.
+    assert_eq!(remaining, 10_000 - prompt - 1);
+}
+
+/// A sim of `model` whose answers end after a token or two unless the request
+/// sets `ignore_eos`: the short answers that reservations must refund.
+async fn short_sim(model: &str) -> switchyard::sim::SimHandle {
+    switchyard::sim::spawn(switchyard::sim::SimConfig {
+        time_scale: 50.0,
+        model: model.into(),
+        mean_output_tokens: 1,
+        ..switchyard::sim::SimConfig::profile("tiny").expect("tiny profile")
+    })
+    .await
+    .expect("sim starts")
+}
+
+/// Worst cases reserved up front, from the hostile side: requests that ask
+/// for much output, `n` choices, more than a whole limit, no `max_tokens` at
+/// all, and a budget that concurrent requests tried to overspend together.
+#[tokio::test]
+async fn the_worst_case_is_reserved_up_front() {
+    let s = sims(1, 50.0).await;
+    let model = sim_model();
+    let short = short_sim("short-model").await;
+    for (k, v) in [
+        ("SY_WC_TPM", "sk-wc-tpm-31a4b5c6d7"),
+        ("SY_WC_N", "sk-wc-n-8e9f0a1b2c"),
+        ("SY_WC_SHORT", "sk-wc-short-3d4e5f6a7b"),
+        ("SY_WC_BUDGET", "sk-wc-budget-c8d9e0f1a2"),
+    ] {
+        std::env::set_var(k, v);
+    }
+    let gw = gateway(&format!(
+        r#"
+[limits]
+default_max_tokens = 250
+[tenancy]
+require_key = true
+[[tenants]]
+name = "tpm"
+api_key_env = "SY_WC_TPM"
+[tenants.limits]
+tokens_per_minute = 600
+[[tenants]]
+name = "n"
+api_key_env = "SY_WC_N"
+[tenants.limits]
+tokens_per_minute = 1000
+[[tenants]]
+name = "short"
+api_key_env = "SY_WC_SHORT"
+[tenants.limits]
+tokens_per_minute = 600
+[[tenants]]
+name = "budget"
+api_key_env = "SY_WC_BUDGET"
+[tenants.limits]
+daily_budget_usd = 0.05
+[[prices]]
+prompt_per_mtok = 0.0
+output_per_mtok = 1000.0
+[[pools]]
+name = "p"
+models = ["{model}"]
+workers = [{{ url = "{}" }}]
+[[pools]]
+name = "short"
+models = ["short-model"]
+workers = [{{ url = "{}" }}]
+"#,
+        s[0].url(),
+        short.url()
+    ))
+    .await;
+    let url = format!("http://{}", gw.addr);
+    concurrent_requests_share_the_limit(&url, &model).await;
+    choices_are_reserved(&url, &model).await;
+    a_short_answer_gives_back_its_reservation(&url).await;
+    budgets_are_not_overspent(&url, &model).await;
+}
+
+/// 600 tokens a minute, four concurrent requests that may each use about
+/// 210: two are admitted, two get 429 with `Retry-After`; 2000 output tokens
+/// can never fit, so that is a 400 without `Retry-After` naming the limit.
+async fn concurrent_requests_share_the_limit(url: &str, model: &str) {
+    let key = "sk-wc-tpm-31a4b5c6d7";
+    let b = body(model, 200, false);
+    let answers = futures_util::future::join_all((0..4).map(|_| post(url, Some(key), &b))).await;
+    let (mut ok, mut used) = (0, 0);
+    for r in answers {
+        match r.status().as_u16() {
+            200 => {
+                let v: Value = r.json().await.unwrap();
+                used += v["usage"]["total_tokens"].as_u64().unwrap();
+                ok += 1;
+            }
+            429 => {
+                let retry = header(&r, &http::header::RETRY_AFTER).expect("Retry-After");
+                assert!(retry.parse::<u64>().unwrap() >= 1);
+                let (_, e) = error_of(r).await;
+                assert_eq!(e["param"], "tokens_per_minute", "{e}");
+            }
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!(ok, 2, "two reservations of ~210 fit in 600, not {ok}");
+    assert!(used <= 600, "{used} tokens used under a 600 TPM limit");
+    let r = post(url, Some(key), &body(model, 2_000, false)).await;
+    assert_eq!(r.status(), 400);
+    assert!(header(&r, &http::header::RETRY_AFTER).is_none());
+    let (_, e) = error_of(r).await;
+    assert_eq!(
+        (e["code"].as_str(), e["param"].as_str()),
+        (Some("request_exceeds_limit"), Some("tokens_per_minute")),
+        "{e}"
+    );
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("600 tokens per minute"), "{msg}");
+}
+
+/// `n: 4` reserves four times `max_tokens`; without `max_tokens` the
+/// configured default (250) is reserved.
+async fn choices_are_reserved(url: &str, model: &str) {
+    let key = "sk-wc-n-8e9f0a1b2c";
+    let mut b = body(model, 100, false);
+    b["n"] = json!(4);
+    let r = post(url, Some(key), &b).await;
+    assert_eq!(r.status(), 200);
+    let left = num(&r, &h::REMAINING_TOKENS);
+    assert!(
+        (550..=600).contains(&left),
+        "n: 4 × 100 left {left} of 1000"
+    );
+    b["n"] = json!(3);
+    b["max_tokens"] = json!(400);
+    let (st, e) = error_of(post(url, Some(key), &b).await).await;
+    assert_eq!(
+        (st, e["code"].as_str()),
+        (400, Some("request_exceeds_limit"))
+    );
+    let mut b = body(model, 0, false);
+    b.as_object_mut().unwrap().remove("max_tokens");
+    b["ignore_eos"] = json!(false);
+    let r = post(url, Some(key), &b).await;
+    assert_eq!(r.status(), 200);
+    let then = num(&r, &h::REMAINING_TOKENS);
+    assert!(
+        left + 20 >= then + 250 && left + 20 < then + 300,
+        "no max_tokens: {left} then {then} left, 250 reserved"
+    );
+}
+
+/// Reservations of ~510 against 600: the second waits for the first to
+/// settle; its two-token answer gives back the rest, and then it fits.
+async fn a_short_answer_gives_back_its_reservation(url: &str) {
+    let key = "sk-wc-short-3d4e5f6a7b";
+    let b = json!({"model": "short-model", "max_tokens": 500,
+                   "messages": [{"role": "user", "content": "answer briefly"}]});
+    let base = metric_sum(
+        &scrape(url).await,
+        "switchyard_requests_total",
+        &[("class", "ok")],
+    );
+    let r = post(url, Some(key), &b).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() < 50,
+        "{v}"
+    );
+    finished(url, base + 1.0).await;
+    let r = post(url, Some(key), &b).await;
+    assert_eq!(
+        r.status(),
+        200,
+        "the first request's unused reservation came back"
+    );
+}
+
+/// $0.001 an output token, $0.05 a day, two concurrent requests that may cost
+/// $0.03 each: one is admitted, one refused; spend never passes the budget,
+/// and a request that may cost $0.06 can never fit.
+async fn budgets_are_not_overspent(url: &str, model: &str) {
+    let key = "sk-wc-budget-c8d9e0f1a2";
+    let b = body(model, 30, false);
+    let answers = futures_util::future::join_all((0..2).map(|_| post(url, Some(key), &b))).await;
+    let codes: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    assert!(codes.contains(&200) && codes.contains(&429), "{codes:?}");
+    let (st, e) = error_of(post(url, Some(key), &body(model, 60, false)).await).await;
+    assert_eq!(
+        (st, e["param"].as_str(), e["code"].as_str()),
+        (400, Some("daily_budget_usd"), Some("request_exceeds_limit"))
+    );
+    // $0.03 spent: a $0.02 request fits exactly, then nothing does.
+    eventually(Duration::from_secs(10), "the first settled", || async {
+        let r = post(url, Some(key), &body(model, 20, false)).await;
+        (r.status() == 200).then_some(())
+    })
+    .await;
+    let (st, e) = error_of(post(url, Some(key), &body(model, 1, false)).await).await;
+    assert_eq!((st, e["code"].as_str()), (429, Some("insufficient_quota")));
+    let spent = eventually(Duration::from_secs(10), "cost counted", || async {
+        let m = scrape(url).await;
+        let c = metric_sum(&m, "switchyard_cost_usd_total", &[("tenant", "budget")]);
+        (c >= 0.05 - 1e-9).then_some(c)
+    })
+    .await;
+    assert!(spent <= 0.05 + 1e-9, "spent ${spent} of a $0.05 day");
+}
+
+/// A reload that changes `[limits]`: the default reservation applies at
+/// once; moving the state to another store cannot, so the reload is
+/// rejected (counted, warned) and the running config kept.
+#[tokio::test]
+async fn a_limits_reload_applies_or_is_rejected() {
+    let s = sims(1, 50.0).await;
+    let model = sim_model();
+    std::env::set_var("SY_RELOAD_KEY", "sk-reload-limits-9a8b7c6d5e");
+    let toml = |extra: &str| {
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[limits]\n{extra}\n[tenancy]\nrequire_key = true\n\
+             [[tenants]]\nname = \"r\"\napi_key_env = \"SY_RELOAD_KEY\"\n[tenants.limits]\n\
+             tokens_per_minute = 100000\n{}",
+            support::pool_toml(&model, &[&s[0].url()], "")
+        )
+    };
+    let text = std::sync::Arc::new(parking_lot::Mutex::new(toml("default_max_tokens = 100")));
+    let parse = |t: &str| switchyard::config::parse(t).and_then(|r| r.validate());
+    let first = parse(&text.lock()).unwrap();
+    let gw = switchyard::server::spawn(first).await.unwrap();
+    let shared = text.clone();
+    gw.gateway
+        .set_reloader(Box::new(move || parse(&shared.lock())));
+    let url = gw.url();
+    let mut b = body(&model, 0, false);
+    b.as_object_mut().unwrap().remove("max_tokens");
+    let status = || async {
+        let r = post(&url, Some("sk-reload-limits-9a8b7c6d5e"), &b).await;
+        r.status().as_u16()
+    };
+    assert_eq!(status().await, 200);
+    // A default larger than the whole limit: the same request can never fit.
+    *text.lock() = toml("default_max_tokens = 200000");
+    gw.gateway.reload().expect("a new default reloads");
+    assert_eq!(status().await, 400);
+
+    *text.lock() = toml("state = \"redis\"\nredis_url = \"redis://127.0.0.1:1/\"");
+    let e = gw.gateway.reload().unwrap_err();
+    assert!(e.contains("restart required"), "{e}");
+    let m = scrape(&url).await;
+    let rejected = metric_sum(
+        &m,
+        "switchyard_config_reloads_total",
+        &[("result", "rejected")],
+    );
+    assert!(rejected >= 1.0, "rejected reloads {rejected}");
+    // The running config (memory store, the large default) is kept.
+    assert_eq!(status().await, 400);
 }

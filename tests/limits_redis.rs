@@ -41,23 +41,27 @@ fn redis_server() -> Option<std::path::PathBuf> {
     found
 }
 
-/// A `redis-server` on a free loopback port, ready (killed on drop).
-async fn start_redis(bin: &std::path::Path) -> (tokio::process::Child, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-        .port();
+        .port()
+}
+
+/// A `redis-server` on a free loopback port, ready (killed on drop).
+async fn start_redis(bin: &std::path::Path) -> (tokio::process::Child, u16) {
+    let port = free_port();
+    let no_persistence = ["--save", "", "--appendonly", "no"];
+    (start_redis_on(bin, port, &no_persistence).await, port)
+}
+
+/// A `redis-server` on `port` with `args`, ready (killed on drop).
+async fn start_redis_on(bin: &std::path::Path, port: u16, args: &[&str]) -> tokio::process::Child {
     let mut child = tokio::process::Command::new(bin)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args([
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "yes",
-        ])
+        .args(["--protected-mode", "yes"])
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -75,7 +79,7 @@ async fn start_redis(bin: &std::path::Path) -> (tokio::process::Child, u16) {
     .expect("redis ready line");
     // Keep reading its output so it never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, port)
+    child
 }
 
 fn config(model: &str, sim: &str, redis_port: u16, mode: &str) -> String {
@@ -350,4 +354,252 @@ async fn kill_redis(redis: &mut tokio::process::Child, open: &str, closed: &str,
         );
         assert!(errors >= 3.0, "{url}: {errors} store errors counted");
     }
+}
+
+const STALL_KEY: &str = "sk-redis-stall-5a6b7c8d9e";
+const RATE_KEY: &str = "sk-redis-rate-0e1f2a3b4c";
+const SPEND_KEY: &str = "sk-redis-spend-d5e6f7a8b9";
+/// The concurrency lease in these tests (ms): short, so self-healing shows fast.
+const LEASE_MS: u64 = 2_000;
+
+fn fault_config(model: &str, sim: &str, redis_port: u16, mode: &str) -> String {
+    format!(
+        r#"
+[limits]
+state = "redis"
+redis_url = "redis://127.0.0.1:{redis_port}/"
+on_redis_error = "{mode}"
+redis_timeout_ms = 200
+redis_lease_ms = {LEASE_MS}
+[tenancy]
+require_key = true
+[[tenants]]
+name = "stall"
+api_key_env = "SY_LR_STALL_KEY"
+[tenants.limits]
+max_concurrent_requests = 8
+[[tenants]]
+name = "rate"
+api_key_env = "SY_LR_RATE_KEY"
+[tenants.limits]
+requests_per_minute = 60
+[[tenants]]
+name = "spend"
+api_key_env = "SY_LR_SPEND_KEY"
+[tenants.limits]
+daily_budget_usd = 0.02
+[[prices]]
+model = "{model}"
+prompt_per_mtok = 0.0
+output_per_mtok = 1000.0
+[[pools]]
+name = "p"
+models = ["{model}"]
+workers = [{{ url = "{sim}" }}]
+"#
+    )
+}
+
+async fn fault_gateway(name: &str, toml: &str) -> Replica {
+    let env = [
+        ("SY_LR_STALL_KEY", STALL_KEY),
+        ("SY_LR_RATE_KEY", RATE_KEY),
+        ("SY_LR_SPEND_KEY", SPEND_KEY),
+    ];
+    serve_binary_with(&config_file(name, toml), &env, None).await
+}
+
+/// One Redis command's integer answer.
+async fn redis_int(port: u16, args: &[&str]) -> i64 {
+    let c = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut conn).await.unwrap()
+}
+
+fn signal(child: &tokio::process::Child, sig: &str) {
+    let pid = child.id().expect("running").to_string();
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// `n` streams of the stall tenant opened at once: those admitted (their
+/// first bytes read, kept open) and how many were refused for concurrency.
+async fn open_streams(url: &str, n: usize, model: &str) -> (Vec<reqwest::Response>, usize) {
+    let b = json!({"model": model, "max_tokens": 1800, "ignore_eos": true, "stream": true,
+                   "messages": [{"role": "user", "content": "a long answer"}]});
+    let c = client();
+    let sent = (0..n).map(|_| {
+        c.post(format!("{url}/v1/chat/completions"))
+            .bearer_auth(STALL_KEY)
+            .json(&b)
+            .send()
+    });
+    let (mut open, mut refused) = (Vec::new(), 0);
+    for r in futures_util::future::join_all(sent).await {
+        let mut r = r.unwrap();
+        match r.status().as_u16() {
+            200 => {
+                r.chunk().await.unwrap();
+                open.push(r);
+            }
+            429 => refused += 1,
+            s => panic!("status {s}"),
+        }
+    }
+    (open, refused)
+}
+
+/// Redis paused under live streams and new requests: the admits that timed
+/// out are taken back when it resumes (even those Redis ran late), the
+/// leases return to zero when the streams end, the refused requests were not
+/// charged, and a replica killed with streams open frees its slots within a lease.
+#[tokio::test]
+async fn a_redis_stall_or_a_crashed_replica_leaks_nothing() {
+    let Some(bin) = redis_server() else { return };
+    let (redis, port) = start_redis(&bin).await;
+    let s = sims(1, 1.0).await;
+    let model = sim_model();
+    let a = fault_gateway(
+        "lr-stall-a",
+        &fault_config(&model, &s[0].url(), port, "closed"),
+    )
+    .await;
+    let leases = "switchyard:limits:t|stall:leases";
+
+    // Four of eight slots in use; Redis stops.
+    let (streams, refused) = open_streams(&a.url, 4, &model).await;
+    assert_eq!((streams.len(), refused), (4, 0));
+    assert_eq!(redis_int(port, &["ZCARD", leases]).await, 4);
+    signal(&redis, "-STOP");
+    // Requests arriving now time out and are refused (closed mode); their
+    // admits run when Redis resumes, and four of them would fit.
+    let c = client();
+    let b = body(&model, "during the stall", 1);
+    let stalled = futures_util::future::join_all(
+        (0..6)
+            .map(|_| send(&c, &a.url, STALL_KEY, &b))
+            .chain((0..20).map(|_| send(&c, &a.url, RATE_KEY, &b))),
+    )
+    .await;
+    for (st, code, _) in &stalled {
+        assert_eq!((*st, code.as_str()), (503, "limits_store_unavailable"));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await; // the stall itself
+    signal(&redis, "-CONT");
+    drop(streams);
+    eventually(
+        Duration::from_millis(LEASE_MS),
+        "no slot held once every stream ended",
+        || async { (redis_int(port, &["ZCARD", leases]).await == 0).then_some(()) },
+    )
+    .await;
+    // Nothing leaked: all eight slots are free again.
+    let (streams, refused) = open_streams(&a.url, 8, &model).await;
+    assert_eq!((streams.len(), refused), (8, 0));
+    drop(streams);
+    // The twenty refused requests of `rate` were not charged: a full minute's
+    // 60 less this one.
+    let r = c
+        .post(format!("{}/v1/chat/completions", a.url))
+        .bearer_auth(RATE_KEY)
+        .json(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let left = r.headers()["x-ratelimit-remaining-requests"]
+        .to_str()
+        .unwrap();
+    assert_eq!(left, "59", "refused requests were charged");
+
+    crashed_replica_frees_its_slots(&a.url, &s[0].url(), port, &model).await;
+    let m = scrape(&a.url).await;
+    let failovers = metric_sum(
+        &m,
+        "switchyard_limits_store_failovers_total",
+        &[("result", "refused")],
+    );
+    assert!(failovers >= 26.0, "{failovers} refusals counted");
+}
+
+/// A second replica takes all eight slots and is killed: within a lease
+/// (and a renewal's third of one) the first replica has all eight again.
+async fn crashed_replica_frees_its_slots(url_a: &str, sim: &str, port: u16, model: &str) {
+    let toml = fault_config(model, sim, port, "closed");
+    let mut b = fault_gateway("lr-stall-b", &toml).await;
+    let (streams, _) = open_streams(&b.url, 8, model).await;
+    assert_eq!(streams.len(), 8);
+    assert_eq!(
+        open_streams(url_a, 1, model).await.1,
+        1,
+        "all slots are B's"
+    );
+    b.child.start_kill().unwrap();
+    b.child.wait().await.unwrap();
+    drop(streams);
+    let killed = std::time::Instant::now();
+    eventually(
+        Duration::from_millis(LEASE_MS * 2),
+        "the killed replica's slots expired",
+        || async {
+            let (open, _) = open_streams(url_a, 8, model).await;
+            (open.len() == 8).then_some(())
+        },
+    )
+    .await;
+    eprintln!("slots back {:?} after the kill", killed.elapsed());
+}
+
+/// Spend written with AOF (`appendfsync always` here; `everysec` in
+/// production loses at most a second) survives a Redis restart: the spent
+/// budget still refuses afterwards.
+#[tokio::test]
+async fn spend_survives_a_redis_restart_with_aof() {
+    let Some(bin) = redis_server() else { return };
+    let dir = std::env::temp_dir().join(format!("switchyard-lr-aof-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let d = dir.to_str().unwrap();
+    let aof = [
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dir",
+        d,
+    ];
+    let mut redis = start_redis_on(&bin, port, &aof).await;
+    let s = sims(1, 50.0).await;
+    let model = sim_model();
+    let gw = fault_gateway("lr-aof", &fault_config(&model, &s[0].url(), port, "closed")).await;
+    let c = client();
+    let b = body(&model, "spend", 10);
+    for _ in 0..2 {
+        assert_eq!(send(&c, &gw.url, SPEND_KEY, &b).await.0, 200);
+    }
+    let refused = || async {
+        let (st, code, _) = send(&c, &gw.url, SPEND_KEY, &b).await;
+        (st != 503).then_some((st, code))
+    };
+    let (st, code) = eventually(Duration::from_secs(10), "settled", || async {
+        refused().await.filter(|(st, _)| *st == 429)
+    })
+    .await;
+    assert_eq!((st, code.as_str()), (429, "daily_budget_usd"));
+    redis.kill().await.unwrap();
+    let _redis = start_redis_on(&bin, port, &aof).await;
+    let (st, code) = eventually(Duration::from_secs(10), "reconnected", refused).await;
+    assert_eq!((st, code.as_str()), (429, "daily_budget_usd"), "spend lost");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -88,7 +88,12 @@ pub struct RequestInfo {
     pub has_stream_options: bool,
     pub user: Option<String>,
     pub cache_salt: Option<String>,
+    /// The output cap: `max_completion_tokens`, `max_tokens` (OpenAI,
+    /// Anthropic) or `max_output_tokens` (Responses).
     pub max_tokens: Option<u64>,
+    /// Completions generated per request: the larger of `n` and `best_of`
+    /// (a completion's `best_of` candidates are all generated).
+    pub choices: Option<u64>,
     /// Raw JSON text of `messages` (chat), `prompt` (completions) or `input`
     /// (embeddings, responses): a zero-copy slice of the body. With a
     /// top-level `system` (Anthropic Messages), the system prompt's text
@@ -117,6 +122,12 @@ struct Probe<'a> {
     max_tokens: Option<u64>,
     #[serde(default)]
     max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    n: Option<u64>,
+    #[serde(default)]
+    best_of: Option<u64>,
     #[serde(borrow, default)]
     system: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -225,7 +236,11 @@ pub fn inspect(body: &Bytes) -> Result<RequestInfo, InspectError> {
         has_stream_options: p.stream_options.is_some(),
         user: p.user.map(Cow::into_owned),
         cache_salt: p.cache_salt.map(Cow::into_owned),
-        max_tokens: p.max_completion_tokens.or(p.max_tokens),
+        max_tokens: p
+            .max_completion_tokens
+            .or(p.max_tokens)
+            .or(p.max_output_tokens),
+        choices: p.n.max(p.best_of),
         routing_text: text,
         previous_response_id: p.previous_response_id.map(Cow::into_owned),
         slo: Default::default(),
@@ -259,6 +274,9 @@ fn explain(body: &[u8], e: serde_json::Error) -> InspectError {
         ("cache_salt", "a string"),
         ("max_tokens", "a non-negative integer"),
         ("max_completion_tokens", "a non-negative integer"),
+        ("max_output_tokens", "a non-negative integer"),
+        ("n", "a non-negative integer"),
+        ("best_of", "a non-negative integer"),
         ("previous_response_id", "a string"),
     ];
     for (field, expected) in EXPECTED {
@@ -294,6 +312,19 @@ fn kind(v: &serde_json::Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_caps_and_choices_are_read_from_every_api() {
+        let read = |b: &'static [u8]| inspect(&Bytes::from_static(b)).unwrap();
+        let r = read(br#"{"model":"m","input":"hi","max_output_tokens":9}"#);
+        assert_eq!((r.max_tokens, r.choices), (Some(9), None));
+        let c = read(br#"{"model":"m","prompt":"hi","max_tokens":5,"n":2,"best_of":3}"#);
+        assert_eq!((c.max_tokens, c.choices), (Some(5), Some(3)));
+        let Err(InspectError::Malformed(m)) = inspect(&Bytes::from_static(br#"{"n":-1}"#)) else {
+            panic!("a negative n passed");
+        };
+        assert!(m.contains("`n` must be a non-negative integer"), "{m}");
+    }
 
     #[test]
     fn nesting_is_counted_outside_strings_only() {

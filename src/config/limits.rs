@@ -19,6 +19,8 @@ pub struct RawLimits {
     pub daily_budget_usd: Option<f64>,
     /// USD per UTC calendar month.
     pub monthly_budget_usd: Option<f64>,
+    /// Output tokens reserved for a request that sends no `max_tokens`.
+    pub default_max_tokens: Option<u64>,
 }
 
 /// Validated limits of one scope; `None` is "no limit".
@@ -29,14 +31,36 @@ pub struct Limits {
     pub max_concurrent_requests: Option<u64>,
     pub daily_budget_usd: Option<f64>,
     pub monthly_budget_usd: Option<f64>,
+    /// Output tokens a request without `max_tokens` reserves in this scope
+    /// (the most specific scope's wins, then `[limits] default_max_tokens`).
+    pub default_max_tokens: Option<u64>,
 }
 
 impl Limits {
-    /// No limit is set.
+    /// No limit is set (a default reservation alone limits nothing).
     pub fn is_empty(&self) -> bool {
-        *self == Limits::default()
+        self.requests_per_minute.is_none()
+            && self.tokens_per_minute.is_none()
+            && self.max_concurrent_requests.is_none()
+            && self.daily_budget_usd.is_none()
+            && self.monthly_budget_usd.is_none()
+    }
+
+    /// A limit that reserves tokens or cost up front.
+    pub fn reserves(&self) -> bool {
+        self.tokens_per_minute.is_some()
+            || self.daily_budget_usd.is_some()
+            || self.monthly_budget_usd.is_some()
     }
 }
+
+/// Output tokens reserved for a request without `max_tokens` when no scope
+/// and no `[limits] default_max_tokens` says otherwise.
+pub const DEFAULT_MAX_TOKENS: u64 = 4_096;
+
+/// Default lease of a concurrency slot in Redis (ms): a slot whose request
+/// stopped renewing it (a crashed replica, a lost release) frees itself then.
+pub const DEFAULT_REDIS_LEASE_MS: u64 = 30_000;
 
 /// Default time a Redis call may take before the failure mode applies (ms).
 pub const DEFAULT_REDIS_TIMEOUT_MS: u64 = 250;
@@ -52,6 +76,26 @@ pub struct RawLimitsStore {
     /// `open` (admit without limits, default) or `closed` (refuse) while Redis fails.
     pub on_redis_error: Option<String>,
     pub redis_timeout_ms: Option<u64>,
+    /// Output tokens reserved for a request without `max_tokens` (default 4096).
+    pub default_max_tokens: Option<u64>,
+    /// Lease of a concurrency slot in Redis, renewed while the request lives (ms).
+    pub redis_lease_ms: Option<u64>,
+}
+
+/// `[limits]`, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LimitsConfig {
+    pub store: LimitsStore,
+    pub default_max_tokens: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> LimitsConfig {
+        LimitsConfig {
+            store: LimitsStore::Memory,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+        }
+    }
 }
 
 /// Where limit state lives.
@@ -69,11 +113,38 @@ pub struct RedisStore {
     /// Refuse requests (rather than admit them unlimited) while Redis fails.
     pub fail_closed: bool,
     pub timeout: std::time::Duration,
+    /// How long a concurrency slot lives unless its request renews it.
+    pub lease: std::time::Duration,
+}
+
+impl RedisStore {
+    /// Same Redis (a reload may change the mode, timeout and lease in place).
+    pub fn same_server(&self, other: &RedisStore) -> bool {
+        self.url.expose() == other.url.expose()
+    }
+}
+
+/// `[limits]`: the store, and the default output reservation (> 0).
+pub(crate) fn validate_config(r: RawLimitsStore, p: &mut Problems) -> LimitsConfig {
+    let default_max_tokens = r.default_max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    if default_max_tokens == 0 {
+        let k = Key::new("limits").field("default_max_tokens");
+        p.push(format!("{k}: must be greater than 0"));
+    }
+    LimitsConfig {
+        store: validate_store(r, p),
+        default_max_tokens: default_max_tokens.max(1),
+    }
 }
 
 /// `[limits]`: `redis` needs a `redis://` URL; the failure mode is `open` or `closed`.
-pub(crate) fn validate_store(r: RawLimitsStore, p: &mut Problems) -> LimitsStore {
+fn validate_store(r: RawLimitsStore, p: &mut Problems) -> LimitsStore {
     let key = Key::new("limits");
+    let lease_ms = r.redis_lease_ms.unwrap_or(DEFAULT_REDIS_LEASE_MS);
+    if lease_ms < 1_000 {
+        let k = key.field("redis_lease_ms");
+        p.push(format!("{k}: must be at least 1000 (got {lease_ms})"));
+    }
     let fail_closed = match r.on_redis_error.as_deref() {
         None | Some("open") => false,
         Some("closed") => true,
@@ -102,6 +173,7 @@ pub(crate) fn validate_store(r: RawLimitsStore, p: &mut Problems) -> LimitsStore
                 url: url.into(),
                 fail_closed,
                 timeout: std::time::Duration::from_millis(timeout_ms.max(1)),
+                lease: std::time::Duration::from_millis(lease_ms.max(1_000)),
             })
         }
         Some(o) => {
@@ -127,6 +199,7 @@ pub(crate) fn validate(key: &Key, raw: Option<RawLimits>, p: &mut Problems) -> L
     let requests_per_minute = count("requests_per_minute", r.requests_per_minute);
     let tokens_per_minute = count("tokens_per_minute", r.tokens_per_minute);
     let max_concurrent_requests = count("max_concurrent_requests", r.max_concurrent_requests);
+    let default_max_tokens = count("default_max_tokens", r.default_max_tokens);
     let mut usd = |field: &str, v: Option<f64>| {
         let v = v?;
         if !(v.is_finite() && v >= 0.0) {
@@ -144,6 +217,7 @@ pub(crate) fn validate(key: &Key, raw: Option<RawLimits>, p: &mut Problems) -> L
         max_concurrent_requests,
         daily_budget_usd: usd("daily_budget_usd", r.daily_budget_usd),
         monthly_budget_usd: usd("monthly_budget_usd", r.monthly_budget_usd),
+        default_max_tokens,
     }
 }
 

@@ -906,7 +906,7 @@ impl RawConfig {
         let mut pools = pools;
         resolve::pools(&mut pools.pools, &pools.upstream_api_key_envs, problems);
         let mut tenancy = resolve::tenancy(tenancy, problems);
-        tenancy.store = limits::validate_store(self.limits, problems);
+        tenancy.limits = limits::validate_config(self.limits, problems);
         if let Some(e) = problems.error() {
             return Err(e);
         }

@@ -307,8 +307,8 @@ pub struct TenancyConfig {
     pub tenants: Vec<TenantConfig>,
     pub trust_tenant_header: bool,
     pub require_key: bool,
-    /// Where limit state lives (`[limits]`).
-    pub store: super::limits::LimitsStore,
+    /// `[limits]`: where limit state lives, the default output reservation.
+    pub limits: super::limits::LimitsConfig,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -339,7 +339,7 @@ impl std::fmt::Debug for TenancyConfig {
             .field("tenants", &names)
             .field("trust_tenant_header", &self.trust_tenant_header)
             .field("require_key", &self.require_key)
-            .field("store", &self.store)
+            .field("limits", &self.limits)
             .finish()
     }
 }

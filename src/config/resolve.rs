@@ -113,7 +113,7 @@ pub(crate) fn tenancy(t: PendingTenancy, p: &mut Problems) -> TenancyConfig {
         tenants,
         trust_tenant_header: t.trust_tenant_header,
         require_key: t.require_key,
-        store: Default::default(),
+        limits: Default::default(),
     }
 }
 

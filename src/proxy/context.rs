@@ -157,9 +157,12 @@ impl RequestTags {
     /// Phase: finish. The request ended (answered, failed or refused): every
     /// sink is fed once, and its limits learn the tokens it used and its cost.
     pub fn finish(&self, endpoint: &'static str, status: u16, end: End<'_>) {
-        let used = match &end {
-            End::Proxied { m, .. } => m.prompt_tokens.map(|p| p + m.output_tokens),
-            End::Refused { .. } => Some(0),
+        let (used, refused) = match &end {
+            End::Proxied { m, .. } => (m.prompt_tokens.map(|p| p + m.output_tokens), false),
+            // Refused by the gateway (or the client's own fault) after
+            // admission: nothing is charged. An upstream failure keeps the
+            // request counted (a worker was tried).
+            End::Refused { class, .. } => (Some(0), *class != "upstream"),
         };
         let usd = self.sinks.finish(&RequestRecord {
             request_id: &self.request_id,
@@ -176,7 +179,11 @@ impl RequestTags {
             end,
         });
         if let Some(a) = &self.admitted {
-            a.settle(used, usd);
+            a.settle(crate::tenancy::limits::Usage {
+                tokens: used,
+                usd,
+                refused,
+            });
         }
     }
 }

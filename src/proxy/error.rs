@@ -142,6 +142,7 @@ impl GatewayError {
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             TenantNeedsKey | MissingApiKey | InvalidApiKey => StatusCode::UNAUTHORIZED,
             ModelNotAllowed(_) | ControlRouteForbidden(_) => StatusCode::FORBIDDEN,
+            Limited(r) if r.never => StatusCode::BAD_REQUEST,
             Limited(r) if r.kind == LimitKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Limited(_) => StatusCode::TOO_MANY_REQUESTS,
             UnknownModel(_)
@@ -279,6 +280,7 @@ impl GatewayError {
         match self {
             TenantNeedsKey | MissingApiKey | InvalidApiKey => "authentication_error",
             ModelNotAllowed(_) | ControlRouteForbidden(_) => "permission_error",
+            Limited(r) if r.never => "invalid_request_error",
             Limited(r) if r.kind.is_budget() => "insufficient_quota",
             Limited(r) if r.kind == LimitKind::StoreUnavailable => "service_unavailable",
             Limited(_) => "rate_limit_exceeded",
@@ -308,6 +310,7 @@ impl GatewayError {
             MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
             TenantNeedsKey | MissingApiKey | InvalidApiKey => (None, Some("invalid_api_key")),
             ModelNotAllowed(_) => (Some("model"), Some("model_not_allowed")),
+            Limited(r) if r.never => (Some(r.kind.as_str()), Some("request_exceeds_limit")),
             Limited(r) if r.kind.is_budget() => (Some(r.kind.as_str()), Some("insufficient_quota")),
             Limited(r) if r.kind == LimitKind::StoreUnavailable => {
                 (None, Some("limits_store_unavailable"))
@@ -396,8 +399,10 @@ impl GatewayError {
             resp.headers_mut().insert(header::RETRY_AFTER, after);
         }
         if let GatewayError::Limited(r) = self {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_s));
+            if !r.never {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_s));
+            }
             r.headers.write(resp.headers_mut());
         }
         if self.closes_connection() {

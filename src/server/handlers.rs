@@ -494,15 +494,22 @@ impl<'a> Inbound<'a> {
                 api::error::echo(model),
             )));
         }
-        let estimate = if tenant.counts_tokens(&route.model) {
-            self.prompt_tokens(route, info, body)
+        let ask = if tenant.reserves(&route.model) {
+            let prompt = self.prompt_tokens(route, info, body);
+            let cfg = &self.snap.config;
+            let pricing = crate::tenancy::limits::Pricing {
+                default_max_tokens: cfg.tenancy.limits.default_max_tokens,
+                prices: &cfg.observability.prices,
+            };
+            let (model, pool) = (&*route.model, &*route.pool.name);
+            pricing.worst_case(tenant, (model, pool), self.endpoint, info, prompt)
         } else {
-            0
+            Default::default()
         };
         let admitted = self
             .gw
             .limits
-            .admit(tenant, &route.model, estimate)
+            .admit(tenant, &route.model, ask)
             .await
             .map_err(|r| refused_by_tenancy(GatewayError::Limited(r)))?;
         if let Some(t) = unshared(tags) {

@@ -92,7 +92,7 @@ impl Gateway {
         let fleet = Arc::new(pool::fleet::Fleet::default());
         let tenancy =
             arc_swap::ArcSwap::from_pointee(crate::tenancy::Tenancy::new(&config.tenancy));
-        let limits = crate::tenancy::limits::Limiter::new(&config.tenancy.store);
+        let limits = crate::tenancy::limits::Limiter::new(&config.tenancy.limits.store);
         let keys = Arc::new(crate::tenancy::keys::IssuedKeys::default());
         let ids = Arc::new(crate::proxy::stored_id::IdKey::new(
             config.server.id_key.as_ref(),
@@ -139,7 +139,19 @@ impl Gateway {
         let Some(f) = self.reloader.load_full() else {
             return Err("this gateway was started without a reloadable configuration".into());
         };
-        match f() {
+        let loaded = f();
+        // The one section that cannot always change in place: refuse the
+        // whole reload rather than log "reloaded" over a store kept as it was.
+        if let Err(e) = loaded
+            .as_ref()
+            .map_or(Ok(()), |c| self.limits.reconfigure(&c.tenancy.limits.store))
+        {
+            metrics::counter!(names::CONFIG_RELOADS_TOTAL, names::L_RESULT => "rejected")
+                .increment(1);
+            tracing::warn!("{e}; configuration reload rejected, keeping the current one");
+            return Err(e);
+        }
+        match loaded {
             Ok(cfg) => {
                 self.tenancy
                     .store(Arc::new(crate::tenancy::Tenancy::new(&cfg.tenancy)));

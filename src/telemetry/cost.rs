@@ -38,6 +38,18 @@ pub fn find_price<'a>(
     best.map(|(p, _)| p)
 }
 
+/// The most `t` may cost for `model` on `pool` on any worker: the dearest row
+/// that may apply (tier unknown before routing), GPU-hour prices at their
+/// throughput floor. 0 when no row matches.
+pub fn worst_usd(prices: &[PriceConfig], model: &str, pool: &str, t: TokenCounts) -> f64 {
+    prices
+        .iter()
+        .filter(|p| p.model.as_deref().is_none_or(|m| m == model))
+        .filter(|p| p.pool.as_deref().is_none_or(|q| q == pool))
+        .map(|p| cost_usd(&p.rate, t, 0.0))
+        .fold(0.0, f64::max)
+}
+
 /// USD for `t` at `rate`. `throughput_tps` is the worker's measured token
 /// throughput (processed tokens per second), used by GPU-hour prices.
 pub fn cost_usd(rate: &PriceRate, t: TokenCounts, throughput_tps: f64) -> f64 {
@@ -82,6 +94,23 @@ mod tests {
                 output: p * 4.0,
             },
         }
+    }
+
+    #[test]
+    fn the_worst_cost_is_the_dearest_row_that_may_apply() {
+        let table = vec![
+            row(None, None, None, 1.0),
+            row(Some("m"), None, Some("h100"), 3.0),
+            row(Some("other"), None, None, 9.0),
+        ];
+        let t = TokenCounts {
+            prompt: 1_000_000,
+            cached: 0,
+            output: 0,
+        };
+        assert_eq!(worst_usd(&table, "m", "p", t), 3.0);
+        assert_eq!(worst_usd(&table, "x", "p", t), 1.0);
+        assert_eq!(worst_usd(&[], "m", "p", t), 0.0);
     }
 
     #[test]

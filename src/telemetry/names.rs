@@ -69,6 +69,8 @@ pub const LIMIT_REFUSALS_TOTAL: &str = "switchyard_limit_refusals_total";
 pub const ROUTE_REFUSALS_TOTAL: &str = "switchyard_route_refusals_total";
 pub const WORKER_ADDRESS_REFUSALS_TOTAL: &str = "switchyard_worker_address_refusals_total";
 pub const LIMITS_STORE_ERRORS_TOTAL: &str = "switchyard_limits_store_errors_total";
+pub const LIMITS_STORE_FAILOVERS_TOTAL: &str = "switchyard_limits_store_failovers_total";
+pub const LIMITS_STORE_RETRIES_TOTAL: &str = "switchyard_limits_store_retries_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
 pub const CANCELLATIONS_TOTAL: &str = "switchyard_cancellations_total";
@@ -164,7 +166,15 @@ pub fn describe() {
     describe_kv_events();
     describe_counter!(
         LIMITS_STORE_ERRORS_TOTAL,
-        "Failed calls to the shared limits store (Redis), by op (admit, settle); on_redis_error decides what admit failures do."
+        "Failed calls to the shared limits store (Redis), by op (admit, settle, release, renew); on_redis_error decides what admit failures do."
+    );
+    describe_counter!(
+        LIMITS_STORE_FAILOVERS_TOTAL,
+        "Requests whose limits could not be checked because the shared store failed, by result: admitted_unlimited (on_redis_error = open) or refused (closed)."
+    );
+    describe_counter!(
+        LIMITS_STORE_RETRIES_TOTAL,
+        "Background calls to the shared limits store retried until they answer, by op (release: take back an admit that timed out; settle) and result (ok, failed after about a minute, dropped when too many wait)."
     );
     describe_counter!(
         ROUTE_REFUSALS_TOTAL,

@@ -71,15 +71,26 @@ impl Tenant {
         })
     }
 
-    /// Whether a request for `model` counts against a tokens-per-minute limit
-    /// (only then are its prompt tokens counted).
-    pub fn counts_tokens(&self, model: &str) -> bool {
+    /// Whether a request for `model` reserves tokens or cost in any scope (a
+    /// tokens-per-minute limit or a budget; only then are its prompt tokens
+    /// counted).
+    pub fn reserves(&self, model: &str) -> bool {
+        self.any_scope(model, Limits::reserves)
+    }
+
+    /// Whether a request for `model` counts against a spend budget.
+    pub fn has_budget(&self, model: &str) -> bool {
+        self.any_scope(model, |l| {
+            l.daily_budget_usd.is_some() || l.monthly_budget_usd.is_some()
+        })
+    }
+
+    /// Whether any scope of a request for `model` (tenant, key, model) has `f`.
+    fn any_scope(&self, model: &str, f: impl Fn(&Limits) -> bool) -> bool {
         self.policy.as_ref().is_some_and(|p| {
-            p.limits.tokens_per_minute.is_some()
-                || (self.key_id.is_some() && p.key_limits.tokens_per_minute.is_some())
-                || p.model_limits
-                    .get(model)
-                    .is_some_and(|l| l.tokens_per_minute.is_some())
+            f(&p.limits)
+                || (self.key_id.is_some() && f(&p.key_limits))
+                || p.model_limits.get(model).is_some_and(&f)
         })
     }
 
@@ -303,7 +314,7 @@ mod tests {
             ],
             trust_tenant_header: trust,
             require_key: false,
-            store: Default::default(),
+            limits: Default::default(),
         })
     }
 
@@ -460,7 +471,7 @@ mod tests {
             }],
             trust_tenant_header: true,
             require_key: true,
-            store: Default::default(),
+            limits: Default::default(),
         };
         let t = Tenancy::new(&cfg);
         let issued = none();

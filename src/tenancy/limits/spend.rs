@@ -64,6 +64,18 @@ struct Sums {
     month_nano: u64,
 }
 
+impl Sums {
+    /// Start the day's or month's sum again when its period has changed.
+    fn roll(&mut self, cal: Calendar) {
+        if self.day != cal.day {
+            (self.day, self.day_nano) = (cal.day, 0);
+        }
+        if self.month != cal.month {
+            (self.month, self.month_nano) = (cal.month, 0);
+        }
+    }
+}
+
 /// One scope's spend.
 #[derive(Default)]
 pub struct Spend(Mutex<Sums>);
@@ -81,6 +93,47 @@ impl Spend {
         (day as f64 / NANO, month as f64 / NANO)
     }
 
+    /// Reserve `nano` (nano-USD) in today's and this month's sums if it fits
+    /// both budgets (USD); else the budget refused and what it has spent or
+    /// reserved (USD). A spent budget refuses even a free request.
+    pub fn reserve(
+        &self,
+        cal: Calendar,
+        nano: u64,
+        (daily, monthly): (Option<f64>, Option<f64>),
+    ) -> Result<(), (super::LimitKind, f64)> {
+        let mut s = self.0.lock();
+        s.roll(cal);
+        let over = |spent: u64, budget: Option<f64>| {
+            budget.is_some_and(|b| {
+                let b = super::usd_to_nano(b);
+                spent >= b || spent.saturating_add(nano) > b
+            })
+        };
+        if over(s.day_nano, daily) {
+            return Err((super::LimitKind::DailyBudget, s.day_nano as f64 / NANO));
+        }
+        if over(s.month_nano, monthly) {
+            return Err((super::LimitKind::MonthlyBudget, s.month_nano as f64 / NANO));
+        }
+        s.day_nano = s.day_nano.saturating_add(nano);
+        s.month_nano = s.month_nano.saturating_add(nano);
+        Ok(())
+    }
+
+    /// Correct a reservation made at `cal` by `delta` nano-USD (a period
+    /// that has ended since is left alone).
+    pub fn adjust(&self, cal: Calendar, delta: i64) {
+        let mut s = self.0.lock();
+        let apply = |sum: &mut u64| *sum = sum.saturating_add_signed(delta);
+        if s.day == cal.day {
+            apply(&mut s.day_nano);
+        }
+        if s.month == cal.month {
+            apply(&mut s.month_nano);
+        }
+    }
+
     /// Add `usd` to today's and this month's sums.
     pub fn add(&self, cal: Calendar, usd: f64) {
         if !(usd.is_finite() && usd > 0.0) {
@@ -88,12 +141,7 @@ impl Spend {
         }
         let nano = (usd * NANO).round() as u64;
         let mut s = self.0.lock();
-        if s.day != cal.day {
-            (s.day, s.day_nano) = (cal.day, 0);
-        }
-        if s.month != cal.month {
-            (s.month, s.month_nano) = (cal.month, 0);
-        }
+        s.roll(cal);
         s.day_nano = s.day_nano.saturating_add(nano);
         s.month_nano = s.month_nano.saturating_add(nano);
     }
@@ -127,5 +175,23 @@ mod tests {
         assert_eq!(s.spent(next_day), (0.0, 0.0));
         let later_same_month = Calendar::at(1_709_247_600 - 86_400);
         assert_eq!(s.spent(later_same_month).1, 0.75);
+    }
+
+    #[test]
+    fn reservations_fit_the_budget_and_corrections_give_back() {
+        let s = Spend::default();
+        let c = Calendar::at(1_709_247_600);
+        let day = (Some(1.0), None);
+        s.reserve(c, 600_000_000, day).unwrap();
+        // 0.6 reserved: another 0.6 would overspend the dollar.
+        let (kind, spent) = s.reserve(c, 600_000_000, day).unwrap_err();
+        assert_eq!((kind, spent), (super::super::LimitKind::DailyBudget, 0.6));
+        // The first cost 0.1 in the end: 0.5 comes back, and 0.6 fits again.
+        s.adjust(c, -500_000_000);
+        s.reserve(c, 600_000_000, day).unwrap();
+        assert_eq!(s.spent(c).0, 0.7);
+        // A spent budget refuses even a free request.
+        s.adjust(c, 300_000_000);
+        assert!(s.reserve(c, 0, day).is_err());
     }
 }
