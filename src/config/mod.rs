@@ -34,7 +34,9 @@ pub use raw::{
     RawScorer, RawServer, RawTimeouts, RawWorker,
 };
 
-pub use edge::{load_certified_key, load_client_roots, CorsConfig, RawCors, RawTls, TlsConfig};
+pub use edge::{
+    load_certified_key, load_client_roots, Cidr, CorsConfig, RawCors, RawTls, TlsConfig,
+};
 pub use global::{
     GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,
 };
@@ -603,6 +605,9 @@ pub struct ServerConfig {
     pub tls: Option<TlsConfig>,
     /// Browser origins allowed to call the API; `None`: no CORS headers at all.
     pub cors: Option<CorsConfig>,
+    /// Peers whose `x-forwarded-for` is believed: the client is the first
+    /// untrusted hop from the right (empty: always the socket peer).
+    pub trusted_proxies: Vec<edge::Cidr>,
 }
 
 impl ServerConfig {
@@ -997,6 +1002,8 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
     let cors = s
         .cors
         .and_then(|c| edge::validate_cors(c, &key.field("cors"), p));
+    let trusted_proxies =
+        edge::validate_trusted_proxies(s.trusted_proxies, &key.field("trusted_proxies"), p);
     let busy_poll_us = s.busy_poll_us.unwrap_or(0);
     if busy_poll_us > MAX_BUSY_POLL_US {
         let busy = key.field("busy_poll_us");
@@ -1024,6 +1031,7 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
         max_json_depth,
         tls,
         cors,
+        trusted_proxies,
     }
 }
 

@@ -126,6 +126,9 @@ pub struct RawServer {
     pub tls: Option<super::edge::RawTls>,
     /// Answer browsers' CORS preflights and tag responses for allowed origins.
     pub cors: Option<super::edge::RawCors>,
+    /// Addresses or CIDR blocks of proxies whose `x-forwarded-for` names the client.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

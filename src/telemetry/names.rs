@@ -66,6 +66,7 @@ pub const TLS_CERT_RELOADS_TOTAL: &str = "switchyard_tls_certificate_reloads_tot
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "switchyard_tls_handshake_failures_total";
 pub const CORS_REFUSED_TOTAL: &str = "switchyard_cors_refused_total";
 pub const LIMIT_REFUSALS_TOTAL: &str = "switchyard_limit_refusals_total";
+pub const CLIENT_CLAIMS_TOTAL: &str = "switchyard_client_claims_total";
 pub const LIMITS_STORE_ERRORS_TOTAL: &str = "switchyard_limits_store_errors_total";
 pub const FALLBACKS_TOTAL: &str = "switchyard_fallbacks_total";
 pub const LAST_RESORT_RETRIES_TOTAL: &str = "switchyard_last_resort_retries_total";
@@ -154,6 +155,10 @@ pub const L_FROM: &str = "from";
 pub const L_TO: &str = "to";
 pub const L_STICKY: &str = "sticky";
 pub const L_OP: &str = "op";
+/// A client claim: `priority`, `slo`, `policy`.
+pub const L_CLAIM: &str = "claim";
+/// What became of a claim: `capped`, `ignored`.
+pub const L_ACTION: &str = "action";
 
 /// Register help text and units for every metric.
 pub fn describe() {
@@ -161,6 +166,10 @@ pub fn describe() {
     describe_counter!(
         LIMITS_STORE_ERRORS_TOTAL,
         "Failed calls to the shared limits store (Redis), by op (admit, settle); on_redis_error decides what admit failures do."
+    );
+    describe_counter!(
+        CLIENT_CLAIMS_TOTAL,
+        "Client headers asking for more than the tenant may have, by claim (priority, slo, policy) and action (capped: lowered to what the tenant may have; ignored: not honoured at all)."
     );
     describe_counter!(
         LIMIT_REFUSALS_TOTAL,
