@@ -21,6 +21,7 @@ mod raw;
 mod read;
 mod resolve;
 mod secret;
+mod warnings;
 
 pub use flow::{FairnessKey, FlowConfig, Preemption, Priority};
 use key::Key;
@@ -41,6 +42,7 @@ pub use global::{
     GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,
 };
 pub use observability::{ObservabilityConfig, TenancyConfig};
+pub use warnings::{glob, open_warnings};
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};

@@ -225,6 +225,7 @@ mod tests {
                 ..Default::default()
             })),
             slo: Default::default(),
+            claims: crate::tenancy::ClaimRules::anonymous(&Default::default()),
         }
     }
 
