@@ -203,7 +203,8 @@ impl Tenancy {
 
     /// The tenant of a request, from its headers. A key that is presented but
     /// not recognised (wrong, revoked) is refused whether or not keys are
-    /// required: serving it as anonymous would drop that tenant's limits. The
+    /// required (when the gateway has tenants): serving it as anonymous would
+    /// drop that tenant's limits. The
     /// tenant header is the trust boundary's one exception: with
     /// `trust_tenant_header` a front proxy may name a tenant, but never a
     /// configured one (that needs its key) nor a reserved name.
@@ -226,7 +227,7 @@ impl Tenancy {
                 return Ok(t);
             }
         }
-        if bearer.is_some() || api_key.is_some() {
+        if (bearer.is_some() || api_key.is_some()) && self.authenticates() {
             return Err(Refused::UnknownKey);
         }
         if self.require_key {
@@ -262,6 +263,14 @@ impl Tenancy {
             name: Arc::from(n),
             ..self.anonymous.clone()
         })
+    }
+
+    /// Keys are the gateway's business: it requires them, or has tenants
+    /// (configured keys, or keys the admin API issues for them). Without
+    /// either, a client's `Authorization` is for the upstream
+    /// (`pass_client_auth`) and is not checked here.
+    fn authenticates(&self) -> bool {
+        self.require_key || !self.by_name.is_empty()
     }
 
     /// The tenant of callers without a key.
@@ -424,6 +433,23 @@ mod tests {
                 "{odd}"
             );
         }
+    }
+
+    #[test]
+    fn without_tenants_a_clients_key_is_for_the_upstream() {
+        let t = Tenancy::new(&TenancyConfig {
+            tenants: Vec::new(),
+            trust_tenant_header: false,
+            require_key: false,
+            anonymous: Default::default(),
+            list_models_without_key: true,
+            store: Default::default(),
+        });
+        let h = headers(&[("authorization", "Bearer sk-provider")]);
+        assert_eq!(
+            &*t.resolve(&h, Own::ANY, &none()).unwrap().name,
+            ANONYMOUS_TENANT
+        );
     }
 
     #[test]
