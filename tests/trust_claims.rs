@@ -404,7 +404,10 @@ async fn check_config_warns_about_open_configurations() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
         .args(["check-config", "--no-secrets"])
         .arg(&open)
-        .env("SY_TRUST_ADMIN_TOKEN", "trust-claims-admin-token-5e8f2a91c0d4")
+        .env(
+            "SY_TRUST_ADMIN_TOKEN",
+            "trust-claims-admin-token-5e8f2a91c0d4",
+        )
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);

@@ -1,7 +1,8 @@
 //! The body a pool's engines get, built once for each pool a request tries: a
 //! Messages request translated to chat (pools that translate), the model
 //! renamed for an external upstream, SGLang's `rid` set so a leaving client's
-//! request can be aborted, and usage asked for on streams so every request's
+//! request can be aborted (always the gateway's own, unique: a client that
+//! chose it, or reused another request's id, could abort someone else's), and usage asked for on streams so every request's
 //! tokens are exact. Edits that need a parse share one; the usual request is
 //! sent as it came (no copy), or with usage asked for by one splice.
 
@@ -37,9 +38,10 @@ pub fn for_pool(
     } else {
         body
     };
+    let rid = sglang_rid(pool, endpoint, translated, request_id);
     let edits = Edits {
         model: pool.upstream_model.as_deref(),
-        rid: sglang_rid(pool, endpoint, translated, request_id),
+        rid: rid.as_deref(),
         usage: !translated && usage::asks(info, pool, endpoint),
     };
     edits.apply(body, info.has_stream_options)
@@ -48,7 +50,7 @@ pub fn for_pool(
 /// What one pool changes in a body.
 struct Edits<'a> {
     model: Option<&'a str>,
-    /// SGLang's request id, unless the client set its own.
+    /// SGLang's request id (replacing any the client set).
     rid: Option<&'a str>,
     /// Set `stream_options.include_usage`.
     usage: bool,
@@ -74,10 +76,7 @@ impl Edits<'_> {
         if let Some(name) = self.model {
             v.insert("model".into(), Value::String(name.to_string()));
         }
-        if let Some(rid) = self
-            .rid
-            .filter(|_| !v.get("rid").is_some_and(Value::is_string))
-        {
+        if let Some(rid) = self.rid {
             v.insert("rid".into(), Value::String(rid.to_string()));
         }
         if self.usage {
@@ -96,21 +95,28 @@ impl Edits<'_> {
     }
 }
 
-/// The request id an SGLang pool's generation requests carry as `rid`.
-fn sglang_rid<'a>(
+/// The `rid` an SGLang pool's generation requests carry: the request id (for
+/// reading engine logs) and a suffix unique to this process and body, so no
+/// two requests share one even when a client sends another's request id.
+fn sglang_rid(
     pool: &PoolConfig,
     endpoint: Endpoint,
     translated: bool,
-    request_id: &'a HeaderValue,
-) -> Option<&'a str> {
+    request_id: &HeaderValue,
+) -> Option<String> {
+    static PREFIX: std::sync::LazyLock<u32> = std::sync::LazyLock::new(rand::random);
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let generates = translated
         || matches!(
             endpoint,
             Endpoint::ChatCompletions | Endpoint::Completions | Endpoint::Responses
         );
-    (pool.engine == EngineKind::Sglang && generates)
-        .then(|| request_id.to_str().ok())
-        .flatten()
+    if pool.engine != EngineKind::Sglang || !generates {
+        return None;
+    }
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = request_id.to_str().unwrap_or("request");
+    Some(format!("{id}.{:08x}{n:x}", *PREFIX))
 }
 
 const USAGE_MEMBER: &[u8] = br#""stream_options":{"include_usage":true}"#;
@@ -204,10 +210,14 @@ mod tests {
             Endpoint::ChatCompletions,
         );
         assert_eq!(v["model"], "up");
-        assert_eq!(v["rid"], "req-1");
+        let rid = v["rid"].as_str().unwrap();
+        assert!(rid.starts_with("req-1."), "{rid}");
         assert_eq!(v["stream_options"]["include_usage"], true);
+        // A client's own rid (perhaps another request's) is replaced, and the
+        // same request id twice still gives two rids.
         let own = send(r#"{"model":"m","rid":"mine"}"#, &p, Endpoint::Completions);
-        assert_eq!(own["rid"], "mine");
+        let own = own["rid"].as_str().unwrap();
+        assert!(own.starts_with("req-1.") && own != rid, "{own} {rid}");
         let other = send(r#"{"model":"m"}"#, &p, Endpoint::Other);
         assert_eq!(other.get("rid"), None);
         let vllm = send(r#"{"model":"m"}"#, &pool(""), Endpoint::Completions);

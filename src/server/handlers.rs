@@ -286,7 +286,8 @@ impl<'a> Inbound<'a> {
             return Ok((route, body, None));
         };
         let Some((owner, idx)) = affinity::find_owner(self.snap, Some(route), token) else {
-            tracing::warn!(id = %prev, "previous response's worker is gone");
+            // Debug: a forged id would otherwise log a warning per request.
+            tracing::debug!(id = %api::error::echo(prev), "previous response's worker is gone");
             return Err(GatewayError::ResponseOwnerGone(api::error::echo(prev)));
         };
         let body = affinity::replace_string(&body, prev, engine_id);
@@ -315,9 +316,11 @@ impl<'a> Inbound<'a> {
         let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
         let (id, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
         let (token, engine_id) = affinity::decode(id)
+            .filter(|(_, e)| safe_path_id(e))
             .ok_or_else(|| GatewayError::UnknownResponse(api::error::echo(id)))?;
         let (route, idx) = affinity::find_owner(self.snap, None, token).ok_or_else(|| {
-            tracing::warn!(id = %id, "stored response's worker is gone");
+            // Debug: a forged id would otherwise log a warning per request.
+            tracing::debug!(id = %api::error::echo(id), "stored response's worker is gone");
             GatewayError::ResponseOwnerGone(api::error::echo(id))
         })?;
         *known = Some(route);
@@ -606,6 +609,19 @@ impl<'a> Inbound<'a> {
     }
 }
 
+/// An engine's response id that may go into a path as one segment: letters,
+/// digits, `-`, `_`, `.` (not `.` or `..`), at most 256 bytes. The path is
+/// taken raw, so a forged `%2F..%2F` or `..` cannot reach another engine route.
+fn safe_path_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 256
+        && id != "."
+        && id != ".."
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 /// A refusal by tenancy (key, model or limit), counted by reason.
 fn refused_by_tenancy(e: GatewayError) -> GatewayError {
     metrics::counter!(telemetry::names::LIMIT_REFUSALS_TOTAL, telemetry::names::L_REASON => e.reason())
@@ -880,4 +896,27 @@ pub async fn fallback(state: State<Arc<Gateway>>, req: Request) -> Response {
     }
     let e = GatewayError::NotFound(api::error::echo(req.uri().path()));
     refuse(&e, req.headers())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::safe_path_id;
+
+    #[test]
+    fn forged_engine_ids_cannot_leave_their_path_segment() {
+        assert!(safe_path_id("resp_abc-123.x_y"));
+        for bad in [
+            "",
+            ".",
+            "..",
+            "a/b",
+            "..%2F..%2Fabort_request",
+            "a?b",
+            "a b",
+            "a\u{e9}",
+        ] {
+            assert!(!safe_path_id(bad), "{bad}");
+        }
+        assert!(!safe_path_id(&"a".repeat(257)));
+    }
 }
