@@ -2,9 +2,11 @@
 //! `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) is mapped to a
 //! configured tenant by the key's SHA-256 digest (`keys`: the keys themselves are
 //! never stored, logged or compared byte by byte); keys the admin API issued are
-//! found by their public id and compared in constant time. Without a recognised
-//! key the tenant is `anonymous` (or, with `require_key`, the request is refused),
-//! or the `x-switchyard-tenant` header when the config trusts it. The tenant
+//! found by their public id and compared in constant time. Without a key the
+//! tenant is `anonymous` (or, with `require_key`, the request is refused), or
+//! the `x-switchyard-tenant` header when the config trusts it; a key presented
+//! but not recognised is refused. What its headers may claim (priority,
+//! objectives) is capped by the tenant's rules (`claims`). The tenant
 //! travels with the request (`proxy::RequestTags`) so metrics, cost and limits
 //! (`limits`) can use it; a tenant's residency is a hard constraint on the
 //! regions its requests may be served in, its `allowed_models` a hard constraint
