@@ -57,7 +57,8 @@ fn decision(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("prefix", n), &n, |b, _| {
             b.iter(|| {
                 k = (k * 7 + 13) % bodies.len();
-                let choice = pick::decide(&snap, &headers, &bodies[k], None, 2).unwrap();
+                let choice =
+                    pick::decide(&snap, &headers, &bodies[k], None, 2, "anonymous").unwrap();
                 black_box(choice.endpoints())
             })
         });

@@ -122,6 +122,8 @@ def start_gateway(tmp: Path, name: str, policy: str, urls: list[str]) -> str:
     cfg.write_text(f"""
 [tenancy]
 trust_tenant_header = true
+anonymous_allow_slo_headers = true
+anonymous_max_priority = "critical"
 [access_log]
 enabled = true
 path = "{tmp / (name + '.access.jsonl')}"

@@ -90,6 +90,9 @@ async fn shutdown_signal() {
 
 async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
+    for w in switchyard::config::open_warnings(&config) {
+        tracing::warn!("open configuration: {w}");
+    }
     // Thread-per-core: one single-threaded runtime per serving thread, each with its
     // own SO_REUSEPORT listener; this runtime keeps the background work.
     let listeners = server::shards::bind(config.server.listen, config.server.serving_threads())?;

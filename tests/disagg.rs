@@ -362,7 +362,7 @@ async fn latency_objectives_choose_the_prefill_decode_pair() {
     let decode = timed(Role::Decode, 2.0, 0.01).await;
     let (f, s, d) = (fast.url(), slow.url(), decode.url());
     let toml = format!(
-        "[server]\ndebug_headers = true\n\n[[pools]]\nname = \"pd-slo\"\nmodels = [\"{}\"]\n\
+        "[server]\ndebug_headers = true\n[tenancy]\nanonymous_allow_slo_headers = true\n\n[[pools]]\nname = \"pd-slo\"\nmodels = [\"{}\"]\n\
          policy = \"least_queue\"\nworkers = [{{ url = \"{f}\", labels = {{ role = \"prefill\" }} }}, \
          {{ url = \"{s}\", labels = {{ role = \"prefill\" }} }}, {{ url = \"{d}\", labels = {{ role = \"decode\" }} }}]\n\
          [pools.routing]\nslo_unattainable = \"shed\"\n\

@@ -34,7 +34,7 @@ async fn serve(name: &str, sims: &[&SimHandle], pool_lines: &str, tail: &str) ->
         .map(|s| format!("{{ url = \"{}\" }}", s.url()))
         .collect();
     let toml = format!(
-        "[tenancy]\ntrust_tenant_header = true\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"FLOW_TEST_ADMIN_TOKEN\"\nallow_loopback_workers = true\n\
+        "[tenancy]\ntrust_tenant_header = true\nanonymous_max_priority = \"critical\"\nanonymous_allow_slo_headers = true\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken_env = \"FLOW_TEST_ADMIN_TOKEN\"\nallow_loopback_workers = true\n\
          [[pools]]\nname = \"p\"\nmodels = [\"{MODEL}\"]\n{}\n\
          {pool_lines}\nworkers = [{}]\n{tail}\n",
         // Round robin unless the pool's lines name a policy.

@@ -173,6 +173,9 @@ pub fn check_config(
     for n in &checked.notes {
         out.push_str(&format!("\nnote: {n}"));
     }
+    for w in config::open_warnings(c) {
+        out.push_str(&format!("\nwarning: {w}"));
+    }
     Ok(out)
 }
 

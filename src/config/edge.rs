@@ -5,6 +5,7 @@
 use super::key::Key;
 use super::Problems;
 use serde::Deserialize;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -221,6 +222,68 @@ fn read_certs(
         return Err(format!("`{shown}`: no PEM certificate in the file"));
     }
     Ok(certs)
+}
+
+/// An address block (`10.0.0.0/8`, `fd00::/8`, or one address) of
+/// `server.trusted_proxies`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    net: IpAddr,
+    bits: u8,
+}
+
+impl Cidr {
+    /// `addr/bits` or a bare address; `None` for anything else (host bits set
+    /// are refused: `10.0.0.1/8` is a typo, not a network).
+    pub fn parse(s: &str) -> Option<Cidr> {
+        let (a, bits) = match s.split_once('/') {
+            Some((a, b)) => (a, Some(b.parse::<u8>().ok()?)),
+            None => (s, None),
+        };
+        let net: IpAddr = a.parse().ok()?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let bits = bits.unwrap_or(max);
+        let c = Cidr { net, bits };
+        (bits <= max && c.contains(net) && c.masked(net) == net).then_some(c)
+    }
+
+    /// `ip` is in the block (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        ip.is_ipv4() == self.net.is_ipv4() && self.masked(ip) == self.net
+    }
+
+    fn masked(&self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(v) => {
+                let m = u32::MAX.checked_shl(32 - u32::from(self.bits)).unwrap_or(0);
+                IpAddr::V4((u32::from(v) & m).into())
+            }
+            IpAddr::V6(v) => {
+                let m = u128::MAX
+                    .checked_shl(128 - u32::from(self.bits))
+                    .unwrap_or(0);
+                IpAddr::V6((u128::from(v) & m).into())
+            }
+        }
+    }
+}
+
+/// `server.trusted_proxies`: each entry an address or CIDR block.
+pub(crate) fn validate_trusted_proxies(raw: Vec<String>, key: &Key, p: &mut Problems) -> Vec<Cidr> {
+    raw.iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let c = Cidr::parse(s.trim());
+            if c.is_none() {
+                p.push(format!(
+                    "{}: `{s}` is not an address or a CIDR block such as 10.0.0.0/8",
+                    key.index(i)
+                ));
+            }
+            c
+        })
+        .collect()
 }
 
 #[cfg(test)]

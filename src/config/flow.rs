@@ -39,10 +39,8 @@ impl Priority {
         Priority::Low,
     ];
 
-    /// The class a header or tenant names; absent or unknown names are `normal`.
-    pub fn parse(s: Option<&str>) -> Priority {
-        s.and_then(Priority::from_name).unwrap_or(Priority::Normal)
-    }
+    /// The classes' names, highest first, for messages.
+    pub const NAMES: &'static str = "critical, high, normal, low";
 
     /// The class named exactly `s` (lower case), if any.
     pub fn from_name(s: &str) -> Option<Priority> {
@@ -296,12 +294,13 @@ mod tests {
     }
 
     #[test]
-    fn priority_names_round_trip_and_default_to_normal() {
+    fn priority_names_round_trip_and_unknown_ones_are_none() {
         for p in Priority::ALL {
-            assert_eq!(Priority::parse(Some(p.as_str())), p);
+            assert_eq!(Priority::from_name(p.as_str()), Some(p));
+            assert!(Priority::NAMES.contains(p.as_str()));
         }
-        assert_eq!(Priority::parse(None), Priority::Normal);
-        assert_eq!(Priority::parse(Some("urgent")), Priority::Normal);
+        assert_eq!(Priority::from_name("urgent"), None);
+        assert_eq!(Priority::from_name("Critical"), None);
         assert!(Priority::Critical < Priority::Low);
     }
 

@@ -23,6 +23,7 @@ mod read;
 mod resolve;
 mod secret;
 pub mod worker_url;
+mod warnings;
 
 pub use flow::{FairnessKey, FlowConfig, Preemption, Priority};
 use key::Key;
@@ -37,11 +38,14 @@ pub use raw::{
     RawScorer, RawServer, RawTimeouts, RawWorker,
 };
 
-pub use edge::{load_certified_key, load_client_roots, CorsConfig, RawCors, RawTls, TlsConfig};
+pub use edge::{
+    load_certified_key, load_client_roots, Cidr, CorsConfig, RawCors, RawTls, TlsConfig,
+};
 pub use global::{
     GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,
 };
 pub use observability::{ObservabilityConfig, TenancyConfig};
+pub use warnings::{glob, open_warnings};
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -612,6 +616,9 @@ pub struct ServerConfig {
     pub id_key: Option<Secret>,
     /// Workers may be link-local (169.254/16, fe80::/10) or cloud metadata addresses.
     pub allow_link_local_workers: bool,
+    /// Peers whose `x-forwarded-for` is believed: the client is the first
+    /// untrusted hop from the right (empty: always the socket peer).
+    pub trusted_proxies: Vec<edge::Cidr>,
 }
 
 impl ServerConfig {
@@ -981,6 +988,8 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
     let cors = s
         .cors
         .and_then(|c| edge::validate_cors(c, &key.field("cors"), p));
+    let trusted_proxies =
+        edge::validate_trusted_proxies(s.trusted_proxies, &key.field("trusted_proxies"), p);
     let busy_poll_us = s.busy_poll_us.unwrap_or(0);
     if busy_poll_us > MAX_BUSY_POLL_US {
         let busy = key.field("busy_poll_us");
@@ -1010,6 +1019,7 @@ fn validate_server(s: RawServer, p: &mut Problems) -> ServerConfig {
         cors,
         id_key: None,
         allow_link_local_workers: s.allow_link_local_workers.unwrap_or(false),
+        trusted_proxies,
     }
 }
 

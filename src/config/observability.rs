@@ -3,6 +3,7 @@
 //! (serde) shapes, their validation and the typed results, kept apart from the
 //! core schema so the sections can evolve without touching pools and workers.
 
+use super::flow::Priority;
 use super::key::Key;
 use super::limits::Limits;
 use super::resolve::{PendingTenancy, PendingTenant};
@@ -83,6 +84,15 @@ pub struct RawTenancy {
     pub trust_tenant_header: Option<bool>,
     /// Refuse inference requests without a recognised API key (401).
     pub require_key: Option<bool>,
+    /// Highest priority class a caller without a configured tenant may ask for
+    /// with `x-switchyard-priority` (default `normal`).
+    pub anonymous_max_priority: Option<String>,
+    /// Callers without a configured tenant may set latency objectives with
+    /// `x-slo-ttft-ms` / `x-slo-tpot-ms` (default false: ignored).
+    pub anonymous_allow_slo_headers: Option<bool>,
+    /// `GET /v1/models` answers callers that present no key (default true;
+    /// always false with `require_key`).
+    pub list_models_without_key: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -98,8 +108,14 @@ pub struct RawTenant {
     /// Models (exact names or `*` globs, matched after aliases resolve) this
     /// tenant may use; all when left out.
     pub allowed_models: Option<Vec<String>>,
-    /// The queue priority class of this tenant's requests (`x-switchyard-priority` wins).
+    /// The queue priority class of this tenant's requests without a header.
     pub priority: Option<String>,
+    /// Highest class the tenant's `x-switchyard-priority` may ask for (default:
+    /// `priority`, else `normal`); higher asks are capped to it.
+    pub max_priority: Option<String>,
+    /// The tenant's requests may set objectives tighter than its own with
+    /// `x-slo-*` headers (default false: headers may only loosen them).
+    pub allow_slo_headers: Option<bool>,
     pub limits: Option<super::limits::RawLimits>,
     /// Limits each of the tenant's keys has on its own.
     pub key_limits: Option<super::limits::RawLimits>,
@@ -309,6 +325,10 @@ pub struct TenancyConfig {
     pub require_key: bool,
     /// `[limits]`: where limit state lives, the default output reservation.
     pub limits: super::limits::LimitsConfig,
+    /// What callers without a configured tenant may claim by header.
+    pub anonymous: AnonymousClaims,
+    /// `GET /v1/models` answers callers without a key.
+    pub list_models_without_key: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -321,7 +341,12 @@ pub struct TenantConfig {
     pub residency: Option<super::global::Residency>,
     /// Exact names or `*` globs; empty allows every model.
     pub allowed_models: Vec<String>,
-    pub priority: Option<String>,
+    /// Class of requests that ask for none.
+    pub priority: Option<Priority>,
+    /// Highest class a request may ask for (`None`: `priority`, else `normal`).
+    pub max_priority: Option<Priority>,
+    /// Requests may set objectives tighter than `slo_*_ms`.
+    pub allow_slo_headers: bool,
     pub limits: Limits,
     pub key_limits: Limits,
     pub model_limits: BTreeMap<String, Limits>,
@@ -332,6 +357,23 @@ pub struct TenantConfig {
     pub admin: bool,
 }
 
+/// What a caller without a configured tenant (anonymous, or named by a trusted
+/// tenant header) may ask for by header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnonymousClaims {
+    pub max_priority: Priority,
+    pub allow_slo_headers: bool,
+}
+
+impl Default for AnonymousClaims {
+    fn default() -> Self {
+        AnonymousClaims {
+            max_priority: Priority::Normal,
+            allow_slo_headers: false,
+        }
+    }
+}
+
 impl std::fmt::Debug for TenancyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.tenants.iter().map(|t| t.name.as_str()).collect();
@@ -340,6 +382,8 @@ impl std::fmt::Debug for TenancyConfig {
             .field("trust_tenant_header", &self.trust_tenant_header)
             .field("require_key", &self.require_key)
             .field("limits", &self.limits)
+            .field("anonymous", &self.anonymous)
+            .field("list_models_without_key", &self.list_models_without_key)
             .finish()
     }
 }
@@ -422,6 +466,16 @@ pub(crate) fn validate(
         tenants: validate_tenants(raw.tenants, global, p),
         trust_tenant_header: raw.tenancy.trust_tenant_header.unwrap_or(false),
         require_key: raw.tenancy.require_key.unwrap_or(false),
+        anonymous: AnonymousClaims {
+            max_priority: priority_class(
+                "tenancy.anonymous_max_priority",
+                raw.tenancy.anonymous_max_priority.as_deref(),
+                p,
+            )
+            .unwrap_or(Priority::Normal),
+            allow_slo_headers: raw.tenancy.anonymous_allow_slo_headers.unwrap_or(false),
+        },
+        list_models_without_key: raw.tenancy.list_models_without_key.unwrap_or(true),
     };
     (observability, tenancy)
 }
@@ -650,8 +704,17 @@ fn tenant_config(
             key.field("allowed_models")
         ));
     }
-    if t.priority.as_deref() == Some("") {
-        p.push(format!("{}: must not be empty", key.field("priority")));
+    let priority = priority_class(&key.field("priority"), t.priority.as_deref(), p);
+    let max_priority = priority_class(&key.field("max_priority"), t.max_priority.as_deref(), p);
+    if let (Some(own), Some(max)) = (priority, max_priority) {
+        if max > own {
+            p.push(format!(
+                "{}: `{}` is below the tenant's own priority `{}`",
+                key.field("max_priority"),
+                max.as_str(),
+                own.as_str()
+            ));
+        }
     }
     let admin = t.admin.unwrap_or(false);
     if admin && t.api_key_env.is_none() && t.key_sha256.is_none() {
@@ -674,7 +737,9 @@ fn tenant_config(
         key_sha256,
         residency,
         allowed_models,
-        priority: t.priority,
+        priority,
+        max_priority,
+        allow_slo_headers: t.allow_slo_headers.unwrap_or(false),
         slo_ttft_ms: t.slo_ttft_ms,
         slo_tpot_ms: t.slo_tpot_ms,
         limits: super::limits::validate(&key.field("limits"), t.limits, p),
@@ -682,6 +747,19 @@ fn tenant_config(
         model_limits,
         admin,
     }
+}
+
+/// A priority class by name; an unknown name is a problem naming the classes.
+fn priority_class(key: &str, name: Option<&str>, p: &mut Problems) -> Option<Priority> {
+    let name = name?;
+    let class = Priority::from_name(name);
+    if class.is_none() {
+        p.push(format!(
+            "{key}: unknown priority class `{name}` (one of {})",
+            Priority::NAMES
+        ));
+    }
+    class
 }
 
 fn scaling_targets(

@@ -132,6 +132,9 @@ pub struct RawServer {
     pub id_key_env: Option<String>,
     /// Accept link-local and cloud-metadata worker addresses (default false).
     pub allow_link_local_workers: Option<bool>,
+    /// Addresses or CIDR blocks of proxies whose `x-forwarded-for` names the client.
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -29,6 +29,8 @@ pub(crate) struct PendingTenancy {
     pub tenants: Vec<PendingTenant>,
     pub trust_tenant_header: bool,
     pub require_key: bool,
+    pub anonymous: super::observability::AnonymousClaims,
+    pub list_models_without_key: bool,
 }
 
 /// The admin token: set, and not too weak to accept.
@@ -114,6 +116,8 @@ pub(crate) fn tenancy(t: PendingTenancy, p: &mut Problems) -> TenancyConfig {
         trust_tenant_header: t.trust_tenant_header,
         require_key: t.require_key,
         limits: Default::default(),
+        anonymous: t.anonymous,
+        list_models_without_key: t.list_models_without_key && !t.require_key,
     }
 }
 

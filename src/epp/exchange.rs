@@ -199,6 +199,7 @@ impl Exchange {
                 let route = Route {
                     endpoints: &ep,
                     new_body_len: None,
+                    priority: None,
                 };
                 vec![route.on_headers()]
             }
@@ -233,6 +234,7 @@ impl Exchange {
         let route = Route {
             endpoints: &endpoints,
             new_body_len: new_body.as_ref().map(Bytes::len),
+            priority: self.routed.as_ref().map(|r| r.tags.priority.as_str()),
         };
         if self.request_mode == BodyMode::FullDuplex {
             let out = new_body.unwrap_or(body);
@@ -277,6 +279,16 @@ impl Exchange {
             .load()
             .resolve(&self.headers, crate::api::headers::Own::ANY, &gw.keys)
             .map_err(GatewayError::from)?;
+        // The same cap as in proxy mode; the data plane is told the class given.
+        let priority = tenant
+            .claims
+            .priority(
+                self.headers
+                    .get(crate::api::headers::PRIORITY_HEADER)
+                    .map(|v| v.to_str().unwrap_or("\u{fffd}")),
+                &tenant.name,
+            )
+            .map_err(GatewayError::InvalidRequest)?;
         let residency = request_residency(
             &snap.config.global,
             tenant.residency.as_ref(),
@@ -295,6 +307,7 @@ impl Exchange {
             body,
             residency.as_ref(),
             self.shared.fallbacks,
+            &tenant.name,
         )?;
         histogram!(names::EPP_DECISION_SECONDS).record(t.elapsed().as_secs_f64());
         counter!(names::EPP_DECISIONS_TOTAL, names::L_RESULT => "picked", names::L_STATUS => "200")
@@ -314,6 +327,7 @@ impl Exchange {
             trace,
         );
         tags.pool = Some(choice.route.pool.metrics.name.clone());
+        tags.priority = priority;
         tags.request_bytes = body.len() as u64;
         tags.stream = choice.info.stream;
         let index = choice.picked[0];

@@ -79,6 +79,7 @@ pub fn decide(
     body: &Bytes,
     residency: Option<&Residency>,
     fallbacks: usize,
+    tenant: &str,
 ) -> Result<Choice, GatewayError> {
     let info = api::inspect(body).map_err(|e| match e {
         api::inspect::InspectError::Malformed(m) => GatewayError::MalformedJson(m),
@@ -103,11 +104,15 @@ pub fn decide(
             Some(m),
         )?);
     }
-    let policy = headers
-        .get(POLICY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|n| route.override_policy(n))
-        .unwrap_or(&*route.policy);
+    let asked = headers.get(POLICY_HEADER).and_then(|v| v.to_str().ok());
+    let policy = match asked.map(|n| route.override_policy(n)) {
+        Some(Some(p)) => p,
+        Some(None) => {
+            crate::tenancy::claims::noted("policy", "ignored", tenant);
+            &*route.policy
+        }
+        None => &*route.policy,
+    };
     let rreq = RouteRequest::new(
         &info,
         headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()),

@@ -100,6 +100,9 @@ pub fn continue_headers_buffer_body(response_body_mode: i32) -> ProcessingRespon
 pub struct Route<'a> {
     pub endpoints: &'a str,
     pub new_body_len: Option<usize>,
+    /// The class the request was given: `x-switchyard-priority` is set to it,
+    /// so what follows the picker sees the capped class, not the client's claim.
+    pub priority: Option<&'static str>,
 }
 
 impl Route<'_> {
@@ -107,6 +110,9 @@ impl Route<'_> {
         let mut set = vec![set_header(DESTINATION, self.endpoints)];
         if let Some(n) = self.new_body_len {
             set.push(set_header("content-length", &n.to_string()));
+        }
+        if let Some(p) = self.priority {
+            set.push(set_header("x-switchyard-priority", p));
         }
         CommonResponse {
             header_mutation: Some(HeaderMutation {

@@ -221,6 +221,7 @@ mod tests {
             key_id: None,
             policy: None,
             slo: Default::default(),
+            claims: Default::default(),
         }
     }
 

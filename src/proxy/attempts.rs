@@ -129,14 +129,16 @@ impl<'c, 'a> Attempts<'c, 'a> {
     fn new(ctx: &'c ForwardContext<'a>) -> Self {
         let route = ctx.route;
         let pool_label = route.pool.metrics.name.clone();
-        let policy = match ctx
-            .own
-            .get_str(&ctx.parts.headers, Name::Policy)
-            .and_then(|name| route.override_policy(name))
-        {
-            Some(p) => {
+        let asked = ctx.own.get_str(&ctx.parts.headers, Name::Policy);
+        let policy = match asked.map(|name| route.override_policy(name)) {
+            Some(Some(p)) => {
                 telemetry::record_policy_override(&pool_label, p.name());
                 p
+            }
+            Some(None) => {
+                // The pool allows no override, or names no such policy.
+                crate::tenancy::claims::noted("policy", "ignored", &ctx.tags.tenant.name);
+                &*route.policy
             }
             None => &*route.policy,
         };

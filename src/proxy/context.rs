@@ -2,6 +2,7 @@
 //! shared (behind an `Arc`) by the forwarding phases and the response observer,
 //! and turned into one [`RequestRecord`] for the telemetry sinks when it ends.
 
+use crate::config::flow::Priority;
 use crate::config::Config;
 use crate::pool::Worker;
 use crate::telemetry::labels::{REGION_LABEL_KEY, TIER_LABEL_KEY, UNKNOWN_REGION};
@@ -10,6 +11,7 @@ use crate::telemetry::{End, RequestRecord, RouteTags, Sinks};
 use crate::tenancy::Tenant;
 use http::HeaderValue;
 use metrics::SharedString;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,12 @@ pub struct RequestTags {
     pub trace: TraceContext,
     /// The pool the model name resolved to.
     pub pool: Option<SharedString>,
+    /// Its queue class: the priority header as far as the tenant may ask
+    /// (`tenancy::claims`), else the tenant's default.
+    pub priority: Priority,
+    /// The client's address (the socket peer, or the first untrusted
+    /// `x-forwarded-for` hop behind a trusted proxy), for the access log.
+    pub client: Option<IpAddr>,
     /// The request's share of its tenant's limits: concurrency slots held until
     /// this context drops, the token estimate corrected at `finish`. Boxed:
     /// only tenants with limits have one, and every request's context is
@@ -55,6 +63,8 @@ impl RequestTags {
     ) -> RequestTags {
         RequestTags {
             tenant_label: sinks.tenants.get(&tenant.name),
+            priority: tenant.claims.default,
+            client: None,
             sinks: sinks.clone(),
             config,
             request_id,
@@ -176,6 +186,8 @@ impl RequestTags {
             stream: self.stream,
             request_bytes: self.request_bytes,
             pool: self.pool.as_ref(),
+            client: self.client,
+            priority: self.priority.as_str(),
             end,
         });
         if let Some(a) = &self.admitted {

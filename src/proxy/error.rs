@@ -420,6 +420,9 @@ impl From<crate::tenancy::Refused> for GatewayError {
             Refused::TenantNeedsKey => GatewayError::TenantNeedsKey,
             Refused::MissingKey => GatewayError::MissingApiKey,
             Refused::UnknownKey => GatewayError::InvalidApiKey,
+            Refused::BadTenantHeader(why) => {
+                GatewayError::InvalidRequest(format!("Header `x-switchyard-tenant`: {why}"))
+            }
         }
     }
 }

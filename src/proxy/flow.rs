@@ -6,21 +6,15 @@
 
 use super::forward::ForwardContext;
 use super::GatewayError;
-use crate::api::headers::Name;
 use crate::config::flow::DEFAULT_EXPECTED_OUTPUT_TOKENS;
 use crate::config::FairnessKey;
 use crate::pool::flow::{Place, Priority, QueueError, Ticket};
 use crate::routes::ModelRoute;
 use std::sync::Arc;
 
-/// The request's class: `x-switchyard-priority`, else its tenant's
-/// `priority`, else `normal`.
+/// The request's class, settled at admission (`tenancy::claims`).
 pub(super) fn priority(ctx: &ForwardContext<'_>) -> Priority {
-    Priority::parse(
-        ctx.own
-            .get_str(&ctx.parts.headers, Name::Priority)
-            .or(ctx.tags.tenant.priority()),
-    )
+    ctx.tags.priority
 }
 
 /// What the request brings to its pool's queue: class, fairness flow and its

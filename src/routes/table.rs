@@ -109,6 +109,19 @@ impl Snapshot {
         Some(Resolved { route, split: true })
     }
 
+    /// Whether a caller whose permission is `allows` (a configured model name)
+    /// may use the served `name`: its model, or every target of a split.
+    pub fn usable_by(&self, name: &str, allows: impl Fn(&str) -> bool) -> bool {
+        if let Some(r) = self.routes.get(name) {
+            return allows(&r.model);
+        }
+        self.splits.get(name).is_some_and(|s| {
+            s.routes
+                .iter()
+                .all(|r| r.as_ref().is_some_and(|r| allows(&r.model)))
+        })
+    }
+
     /// The route a fallback to `pool` uses.
     pub fn pool_route(&self, pool: &str) -> Option<&Arc<ModelRoute>> {
         self.by_pool.get(pool)

@@ -1,8 +1,9 @@
 //! Route handlers: the proxy entry point and the gateway's own endpoints.
 
+use super::client_addr::{self, Peer};
 use super::{request_id, Gateway};
 use crate::api::headers::{Name, Own};
-use crate::api::{self, inspect::InspectError, models::ModelList, Endpoint};
+use crate::api::{self, inspect::InspectError, Endpoint};
 use crate::config::Residency;
 use crate::proxy::RequestTags;
 use crate::proxy::{self, affinity, ForwardContext, GatewayError, Pinned};
@@ -32,7 +33,13 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
-    run(gw, req, Mode::Json).await
+    let peer = peer_of(&req);
+    run(gw, req, Mode::Json, peer).await
+}
+
+/// The socket peer the service noted in the request's extensions.
+fn peer_of<B>(req: &http::Request<B>) -> Option<std::net::IpAddr> {
+    req.extensions().get::<Peer>().and_then(|p| p.0)
 }
 
 /// [`proxy`] as hyper's service future, built in one step: each async layer
@@ -40,22 +47,25 @@ where
 pub(super) async fn proxy_hyper(
     gw: Arc<Gateway>,
     req: http::Request<hyper::body::Incoming>,
+    peer: Option<std::net::IpAddr>,
 ) -> Result<Response, std::convert::Infallible> {
-    Ok(run(gw, req, Mode::Json).await)
+    Ok(run(gw, req, Mode::Json, peer).await)
 }
 
 /// `GET`/`DELETE /v1/responses/{id}` and `/v1/responses/{id}/{cancel,input_items}`:
 /// sent to the worker that stored the response, named by its gateway-issued id.
 pub async fn stored_response(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    run(gw, req, Mode::Stored).await
+    let peer = peer_of(&req);
+    run(gw, req, Mode::Stored, peer).await
 }
 
 /// `POST /v1/audio/transcriptions` and `/translations`: a multipart upload,
 /// forwarded as it arrives once its `model` field is read.
 pub async fn upload(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let peer = peer_of(&req);
     let (parts, body) = req.into_parts();
     let head = http::Request::from_parts(parts, http_body_util::Empty::<Bytes>::new());
-    run(gw, head, Mode::Upload(body)).await
+    run(gw, head, Mode::Upload(body), peer).await
 }
 
 /// Where a request names what serves it.
@@ -68,24 +78,23 @@ enum Mode {
     Upload(axum::body::Body),
 }
 
-/// The phases of [`proxy`], for each [`Mode`].
-async fn run<B>(gw: Arc<Gateway>, req: http::Request<B>, mode: Mode) -> Response
+/// The phases of [`proxy`], for each [`Mode`]. `peer`: the socket's.
+async fn run<B>(
+    gw: Arc<Gateway>,
+    req: http::Request<B>,
+    mode: Mode,
+    peer: Option<std::net::IpAddr>,
+) -> Response
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::fmt::Display,
 {
     let start = crate::runtime::clock::now();
     let (parts, body) = req.into_parts();
-    let own = match Own::scan(&parts.headers) {
-        Ok(own) => own,
-        Err(name) => {
-            let anthropic = Endpoint::from_path(parts.uri.path()).is_anthropic();
-            return refuse_for(
-                &GatewayError::InvalidHeader(name),
-                &parts.headers,
-                anthropic,
-            );
-        }
+    // A steering header that is not UTF-8 is refused at admission, logged.
+    let (own, unreadable) = match Own::scan(&parts.headers) {
+        Ok(own) => (own, None),
+        Err(name) => (Own::ANY, Some(GatewayError::InvalidHeader(name))),
     };
     let request_id = request_id::get_or_make_noted(&parts.headers, own);
     let snap = gw.routes.snapshot();
@@ -101,10 +110,15 @@ where
             Endpoint::from_path(parts.uri.path())
         },
         start,
+        client: client_addr::client(peer, &parts.headers, &snap.config.server.trusted_proxies),
     };
-    let (mut tags, residency) = match inbound.admit() {
+    let admitted = match unreadable {
+        Some(e) => Err(e),
+        None => inbound.admit(),
+    };
+    let (mut tags, residency) = match admitted {
         Ok(admitted) => admitted,
-        Err(e) => return refuse_for(&e, &parts.headers, inbound.endpoint.is_anthropic()),
+        Err(e) => return inbound.refuse_admission(&e),
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
@@ -138,6 +152,8 @@ struct Inbound<'a> {
     request_id: &'a HeaderValue,
     endpoint: Endpoint,
     start: Instant,
+    /// The client's address (see `client_addr`).
+    client: Option<std::net::IpAddr>,
 }
 
 /// The residency a request asked for, or the header value that named none.
@@ -155,6 +171,10 @@ impl<'a> Inbound<'a> {
             .load()
             .resolve(headers, self.own, &self.gw.keys)
             .map_err(|r| refused_by_tenancy(r.into()))?;
+        let priority = tenant
+            .claims
+            .priority(self.own.get_str(headers, Name::Priority), &tenant.name)
+            .map_err(GatewayError::InvalidRequest)?;
         let config = &self.snap.config;
         let residency = request_residency(
             &config.global,
@@ -171,14 +191,35 @@ impl<'a> Inbound<'a> {
         let trace = TraceContext::from_header(self.own.get(headers, Name::TraceParent), sample);
         // Shared with the response observer once a worker answers; until the first
         // attempt nothing else holds it, so the later phases can still fill it in.
-        let tags = RequestTags::new(
+        let mut tags = RequestTags::new(
             &self.gw.sinks,
             config.clone(),
             self.request_id.clone(),
             tenant,
             trace,
         );
+        tags.priority = priority;
+        tags.client = self.client;
         Ok((Arc::new(tags), residency))
+    }
+
+    /// A request refused at admission (its key, tenant header or a steering
+    /// header): answered, counted and written to the access log with the
+    /// client's address, under the anonymous tenant (no tenant was proven).
+    fn refuse_admission(&self, e: &GatewayError) -> Response {
+        let mut tags = RequestTags::new(
+            &self.gw.sinks,
+            self.snap.config.clone(),
+            self.request_id.clone(),
+            self.gw.tenancy.load().anonymous(),
+            TraceContext::from_header(None, None),
+        );
+        tags.client = self.client;
+        let mut resp = self.finish_error(e, &tags, None);
+        resp.headers_mut()
+            .insert(request_id::HEADER, self.request_id.clone());
+        close_if_unread(&mut resp, &self.parts.headers);
+        resp
     }
 
     /// Phases read, resolve and forward.
@@ -429,8 +470,10 @@ impl<'a> Inbound<'a> {
         api::inspect::check_depth(&body, server.max_json_depth)
             .map_err(|e| not_inspectable(e, headers))?;
         let mut info = api::inspect(&body).map_err(|e| not_inspectable(e, headers))?;
-        info.slo = api::Slo::from_headers(headers, self.own, tags.tenant.slo)
+        let asked = api::Slo::from_headers(headers, self.own, api::Slo::default())
             .map_err(GatewayError::InvalidRequest)?;
+        let tenant = &tags.tenant;
+        info.slo = tenant.claims.slo(asked, tenant.slo, &tenant.name);
         if self.endpoint.is_anthropic() {
             api::anthropic::check(self.endpoint, &info).map_err(GatewayError::InvalidRequest)?;
         }
@@ -707,6 +750,13 @@ pub(super) fn refuse_for(e: &GatewayError, headers: &http::HeaderMap, anthropic:
     let mut resp: Response = e.to_response_for(anthropic, false);
     resp.headers_mut()
         .insert(request_id::HEADER, request_id::get_or_make(headers));
+    close_if_unread(&mut resp, headers);
+    resp
+}
+
+/// An answer given before the request's body was read: an HTTP/1 connection
+/// closes after it rather than read the body as the next request.
+fn close_if_unread(resp: &mut Response, headers: &http::HeaderMap) {
     let has_body = headers.contains_key(header::TRANSFER_ENCODING)
         || headers
             .get(header::CONTENT_LENGTH)
@@ -715,7 +765,6 @@ pub(super) fn refuse_for(e: &GatewayError, headers: &http::HeaderMap, anthropic:
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
-    resp
 }
 
 /// The request's tags while admission still fills them in: nothing else holds
@@ -790,18 +839,48 @@ where
     })
 }
 
-/// `GET /v1/models`: every model name and alias the gateway serves.
-pub async fn models(State(gw): State<Arc<Gateway>>) -> Json<ModelList> {
-    Json(super::models::list(&gw).await)
+/// `GET /v1/models`: every model name and alias the caller may use (a key's
+/// `allowed_models`); without a key, everything, unless the config says a
+/// key is needed (`require_key`, `list_models_without_key = false`).
+pub async fn models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
+    let tenant = match models_caller(&gw, &req) {
+        Ok(t) => t,
+        Err(e) => return refuse(&e, req.headers()),
+    };
+    let mut list = super::models::list(&gw).await;
+    let snap = gw.routes.snapshot();
+    list.data
+        .retain(|c| snap.usable_by(&c.id, |m| tenant.allows(m)));
+    Json(list).into_response()
 }
 
-/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): one served model, or a
-/// 404 in OpenAI's shape. Model ids may contain `/`.
+/// Who asks for the model list: a known key's tenant, or anonymous where
+/// the config lets anonymous callers list models.
+fn models_caller(gw: &Gateway, req: &Request) -> Result<crate::tenancy::Tenant, GatewayError> {
+    let tenancy = gw.tenancy.load();
+    let tenant = tenancy
+        .resolve(req.headers(), Own::ANY, &gw.keys)
+        .map_err(|r| refused_by_tenancy(r.into()))?;
+    if tenant.key_id.is_none() && !tenancy.lists_models_without_key() {
+        return Err(refused_by_tenancy(GatewayError::MissingApiKey));
+    }
+    Ok(tenant)
+}
+
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): one served model the
+/// caller may use, or a 404 in OpenAI's shape (also for a model it may not
+/// use: its existence is not confirmed). Model ids may contain `/`.
 pub async fn model(
     State(gw): State<Arc<Gateway>>,
     axum::extract::Path(id): axum::extract::Path<String>,
+    req: Request,
 ) -> Response {
-    let known = gw.routes.snapshot().model_names().contains(&id);
+    let tenant = match models_caller(&gw, &req) {
+        Ok(t) => t,
+        Err(e) => return refuse(&e, req.headers()),
+    };
+    let snap = gw.routes.snapshot();
+    let known = snap.model_names().contains(&id) && snap.usable_by(&id, |m| tenant.allows(m));
     if known {
         let list = super::models::list(&gw).await;
         if let Some(c) = list.data.into_iter().find(|c| c.id == id) {

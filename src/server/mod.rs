@@ -3,6 +3,7 @@
 
 pub mod admin;
 mod admin_keys;
+mod client_addr;
 mod conn;
 mod cors;
 pub mod dashboard;
@@ -233,6 +234,9 @@ struct GatewayService {
     app: TowerToHyperService<Router>,
     conn: Arc<ConnState>,
     limits: HeaderLimits,
+    /// The connection's socket peer (the access log's client, unless a
+    /// trusted proxy forwarded for someone).
+    peer: Option<std::net::IpAddr>,
 }
 
 type ServiceFuture =
@@ -272,8 +276,10 @@ impl GatewayService {
             && crate::api::Endpoint::from_path(req.uri().path()) != crate::api::Endpoint::Other
         {
             let gw = self.gw.clone();
-            Box::pin(handlers::proxy_hyper(gw, req))
+            Box::pin(handlers::proxy_hyper(gw, req, self.peer))
         } else {
+            let mut req = req;
+            req.extensions_mut().insert(client_addr::Peer(self.peer));
             Box::pin(self.app.call(req))
         }
     }
@@ -464,7 +470,12 @@ struct Accepting {
 impl Accepting {
     /// Serve one accepted connection on its own task (TLS first, when
     /// configured), holding its connection-cap permit until it closes.
-    fn spawn(&self, stream: tokio::net::TcpStream, permit: tokio::sync::OwnedSemaphorePermit) {
+    fn spawn(
+        &self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
         let _ = stream.set_nodelay(true);
         let state = Arc::new(ConnState::default());
         let svc = GatewayService {
@@ -472,6 +483,7 @@ impl Accepting {
             app: TowerToHyperService::new(self.app.clone()),
             conn: state.clone(),
             limits: self.limits,
+            peer: Some(peer.ip()),
         };
         let (stop, timeouts) = (self.stop.clone(), self.timeouts);
         let open = gauge!(names::CONNECTIONS_OPEN);
@@ -541,7 +553,7 @@ pub(crate) async fn serve_with_permits(
         };
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(s) => s,
                     Err(e) => {
                         // Out of file descriptors and similar: back off briefly.
@@ -550,7 +562,7 @@ pub(crate) async fn serve_with_permits(
                         continue;
                     }
                 };
-                accepting.spawn(stream, permit);
+                accepting.spawn(stream, peer, permit);
             }
             _ = &mut shutdown, if !gw.is_shutting_down() => {
                 // Readiness turns false first; keep accepting through the grace period.

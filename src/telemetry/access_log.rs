@@ -17,7 +17,12 @@ pub struct AccessRecord {
     /// RFC 3339 UTC time the request finished.
     pub ts: String,
     pub request_id: String,
+    /// The client's address (socket peer, or the first untrusted
+    /// `x-forwarded-for` hop behind `server.trusted_proxies`).
+    pub client: Option<std::net::IpAddr>,
     pub tenant: Arc<str>,
+    /// The queue class given (after the tenant's cap on the header).
+    pub priority: &'static str,
     pub model: Option<Arc<str>>,
     pub endpoint: &'static str,
     pub pool: Option<Arc<str>>,

@@ -68,6 +68,7 @@ pub const CORS_REFUSED_TOTAL: &str = "switchyard_cors_refused_total";
 pub const LIMIT_REFUSALS_TOTAL: &str = "switchyard_limit_refusals_total";
 pub const ROUTE_REFUSALS_TOTAL: &str = "switchyard_route_refusals_total";
 pub const WORKER_ADDRESS_REFUSALS_TOTAL: &str = "switchyard_worker_address_refusals_total";
+pub const CLIENT_CLAIMS_TOTAL: &str = "switchyard_client_claims_total";
 pub const LIMITS_STORE_ERRORS_TOTAL: &str = "switchyard_limits_store_errors_total";
 pub const LIMITS_STORE_FAILOVERS_TOTAL: &str = "switchyard_limits_store_failovers_total";
 pub const LIMITS_STORE_RETRIES_TOTAL: &str = "switchyard_limits_store_retries_total";
@@ -160,6 +161,10 @@ pub const L_TO: &str = "to";
 pub const L_STICKY: &str = "sticky";
 pub const L_OP: &str = "op";
 pub const L_SOURCE: &str = "source";
+/// A client claim: `priority`, `slo`, `policy`.
+pub const L_CLAIM: &str = "claim";
+/// What became of a claim: `capped`, `ignored`.
+pub const L_ACTION: &str = "action";
 
 /// Register help text and units for every metric.
 pub fn describe() {
@@ -183,6 +188,10 @@ pub fn describe() {
     describe_counter!(
         WORKER_ADDRESS_REFUSALS_TOTAL,
         "Worker addresses refused by the address rules, by source: admin (POST /admin/workers), dns, k8s."
+    );
+    describe_counter!(
+        CLIENT_CLAIMS_TOTAL,
+        "Client headers asking for more than the tenant may have, by claim (priority, slo, policy) and action (capped: lowered to what the tenant may have; ignored: not honoured at all)."
     );
     describe_counter!(
         LIMIT_REFUSALS_TOTAL,

@@ -71,6 +71,10 @@ pub struct RequestRecord<'a> {
     pub request_bytes: u64,
     /// The pool the model name resolved to, if it did.
     pub pool: Option<&'a SharedString>,
+    /// The client's address, when known.
+    pub client: Option<std::net::IpAddr>,
+    /// The queue class the request was given.
+    pub priority: &'static str,
     pub end: End<'a>,
 }
 

@@ -2,21 +2,27 @@
 //! `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) is mapped to a
 //! configured tenant by the key's SHA-256 digest (`keys`: the keys themselves are
 //! never stored, logged or compared byte by byte); keys the admin API issued are
-//! found by their public id and compared in constant time. Without a recognised
-//! key the tenant is `anonymous` (or, with `require_key`, the request is refused),
-//! or the `x-switchyard-tenant` header when the config trusts it. The tenant
+//! found by their public id and compared in constant time. Without a key the
+//! tenant is `anonymous` (or, with `require_key`, the request is refused), or
+//! the `x-switchyard-tenant` header when the config trusts it; a key presented
+//! but not recognised is refused. What its headers may claim (priority,
+//! objectives) is capped by the tenant's rules (`claims`). The tenant
 //! travels with the request (`proxy::RequestTags`) so metrics, cost and limits
 //! (`limits`) can use it; a tenant's residency is a hard constraint on the
 //! regions its requests may be served in, its `allowed_models` a hard constraint
 //! on the models.
 
+pub mod claims;
 pub mod keys;
 pub mod limits;
 pub mod shared_keys;
 
+use crate::config::flow::Priority;
+use crate::config::glob;
 use crate::config::limits::Limits;
 use crate::config::observability::{TenantConfig, ANONYMOUS_TENANT};
 use crate::config::{Residency, TenancyConfig};
+pub use claims::ClaimRules;
 use http::HeaderMap;
 use keys::{Digest, IssuedKeys};
 use std::collections::{BTreeMap, HashMap};
@@ -42,6 +48,8 @@ pub struct Tenant {
     pub policy: Option<Arc<TenantPolicy>>,
     /// Latency objectives for requests that send none.
     pub slo: crate::api::Slo,
+    /// How far its priority and objective headers are honoured.
+    pub claims: ClaimRules,
 }
 
 /// What a configured tenant may do.
@@ -49,7 +57,6 @@ pub struct Tenant {
 pub struct TenantPolicy {
     /// Exact names or `*` globs; empty allows every model.
     pub allowed_models: Vec<String>,
-    pub priority: Option<String>,
     pub limits: Limits,
     pub key_limits: Limits,
     pub model_limits: BTreeMap<String, Limits>,
@@ -93,30 +100,6 @@ impl Tenant {
                 || p.model_limits.get(model).is_some_and(&f)
         })
     }
-
-    /// The tenant's queue priority class, by name.
-    pub fn priority(&self) -> Option<&str> {
-        self.policy.as_ref()?.priority.as_deref()
-    }
-}
-
-/// `pattern` matches `s`, where `*` matches any run of characters.
-fn glob(pattern: &str, s: &str) -> bool {
-    let Some((first, rest)) = pattern.split_once('*') else {
-        return pattern == s;
-    };
-    let Some(mut tail) = s.strip_prefix(first) else {
-        return false;
-    };
-    let mut parts: Vec<&str> = rest.split('*').collect();
-    let last = parts.pop().unwrap_or_default();
-    for part in parts {
-        match tail.find(part) {
-            Some(at) => tail = &tail[at + part.len()..],
-            None => return false,
-        }
-    }
-    tail.len() >= last.len() && tail.ends_with(last)
 }
 
 /// API-key → tenant lookup, built from the config.
@@ -127,6 +110,7 @@ pub struct Tenancy {
     anonymous: Tenant,
     trust_header: bool,
     require_key: bool,
+    list_models_without_key: bool,
 }
 
 /// The token of an `Authorization: Bearer TOKEN` value; the scheme name is
@@ -148,7 +132,6 @@ fn configured(t: &TenantConfig) -> Tenant {
         key_id: None,
         policy: Some(Arc::new(TenantPolicy {
             allowed_models: t.allowed_models.clone(),
-            priority: t.priority.clone(),
             limits: t.limits.clone(),
             key_limits: t.key_limits.clone(),
             model_limits: t.model_limits.clone(),
@@ -158,6 +141,19 @@ fn configured(t: &TenantConfig) -> Tenant {
             ttft_ms: t.slo_ttft_ms,
             tpot_ms: t.slo_tpot_ms,
         },
+        claims: tenant_claims(t),
+    }
+}
+
+/// A configured tenant's claim rules: its header may ask for up to
+/// `max_priority` (default: its own class), objectives as it allows.
+fn tenant_claims(t: &TenantConfig) -> ClaimRules {
+    let max = t.max_priority.or(t.priority).unwrap_or(Priority::Normal);
+    ClaimRules {
+        // `max` of classes is the lower one: never above the cap.
+        default: t.priority.unwrap_or(Priority::Normal).max(max),
+        max,
+        slo_headers: t.allow_slo_headers,
     }
 }
 
@@ -189,9 +185,11 @@ impl Tenancy {
                 key_id: None,
                 policy: None,
                 slo: Default::default(),
+                claims: ClaimRules::anonymous(&cfg.anonymous),
             },
             trust_header: cfg.trust_tenant_header,
             require_key: cfg.require_key,
+            list_models_without_key: cfg.list_models_without_key,
         }
     }
 
@@ -225,9 +223,13 @@ impl Tenancy {
         })
     }
 
-    /// The tenant of a request, from its headers. The tenant header is the
-    /// trust boundary's one exception: with `trust_tenant_header` a front proxy
-    /// may name a tenant, but never a configured one (that needs its key).
+    /// The tenant of a request, from its headers. A key that is presented but
+    /// not recognised (wrong, revoked) is refused whether or not keys are
+    /// required (when the gateway has tenants): serving it as anonymous would
+    /// drop that tenant's limits. The
+    /// tenant header is the trust boundary's one exception: with
+    /// `trust_tenant_header` a front proxy may name a tenant, but never a
+    /// configured one (that needs its key) nor a reserved name.
     pub fn resolve(
         &self,
         headers: &HeaderMap,
@@ -242,37 +244,65 @@ impl Tenancy {
             .get(headers, Name::ApiKey)
             .map(|v| v.as_bytes().trim_ascii())
             .filter(|k| !k.is_empty());
-        let presented = bearer.is_some() || api_key.is_some();
         for k in [bearer, api_key].into_iter().flatten() {
             if let Some(t) = self.by_key(k, issued) {
                 return Ok(t);
             }
         }
+        if (bearer.is_some() || api_key.is_some()) && self.authenticates() {
+            return Err(Refused::UnknownKey);
+        }
         if self.require_key {
-            return Err(if presented {
-                Refused::UnknownKey
-            } else {
-                Refused::MissingKey
-            });
+            return Err(Refused::MissingKey);
         }
         if self.trust_header {
-            let named = own.get_str(headers, Name::Tenant).filter(|v| {
-                !v.is_empty()
-                    && v.len() <= MAX_HEADER_TENANT
-                    && v.bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-            });
-            if let Some(n) = named {
-                if self.by_name.contains_key(n) {
-                    return Err(Refused::TenantNeedsKey);
-                }
-                return Ok(Tenant {
-                    name: Arc::from(n),
-                    ..self.anonymous.clone()
-                });
+            if let Some(n) = own.get_str(headers, Name::Tenant) {
+                return self.named(n);
             }
         }
         Ok(self.anonymous.clone())
+    }
+
+    /// The tenant a trusted `x-switchyard-tenant` names: a sane label value
+    /// that is neither reserved nor a configured tenant's name.
+    fn named(&self, n: &str) -> Result<Tenant, Refused> {
+        let sane = !n.is_empty()
+            && n.len() <= MAX_HEADER_TENANT
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !sane {
+            return Err(Refused::BadTenantHeader(format!(
+                "must be 1 to {MAX_HEADER_TENANT} letters, digits, `-`, `_` or `.`"
+            )));
+        }
+        if n == ANONYMOUS_TENANT || n == crate::config::OTHER_LABEL {
+            return Err(Refused::BadTenantHeader(format!("`{n}` is reserved")));
+        }
+        if self.by_name.contains_key(n) {
+            return Err(Refused::TenantNeedsKey);
+        }
+        Ok(Tenant {
+            name: Arc::from(n),
+            ..self.anonymous.clone()
+        })
+    }
+
+    /// Keys are the gateway's business: it requires them, or has tenants
+    /// (configured keys, or keys the admin API issues for them). Without
+    /// either, a client's `Authorization` is for the upstream
+    /// (`pass_client_auth`) and is not checked here.
+    fn authenticates(&self) -> bool {
+        self.require_key || !self.by_name.is_empty()
+    }
+
+    /// The tenant of callers without a key.
+    pub fn anonymous(&self) -> Tenant {
+        self.anonymous.clone()
+    }
+
+    /// `GET /v1/models` may answer callers without a key.
+    pub fn lists_models_without_key(&self) -> bool {
+        self.list_models_without_key
     }
 }
 
@@ -283,8 +313,10 @@ pub enum Refused {
     TenantNeedsKey,
     /// `require_key`, and no key was presented.
     MissingKey,
-    /// `require_key`, and the key presented is not one of ours.
+    /// The key presented is not one of ours (wrong, or revoked).
     UnknownKey,
+    /// A trusted tenant header with a value no tenant may have (the reason).
+    BadTenantHeader(String),
 }
 
 #[cfg(test)]
@@ -315,6 +347,8 @@ mod tests {
             trust_tenant_header: trust,
             require_key: false,
             limits: Default::default(),
+            anonymous: Default::default(),
+            list_models_without_key: true,
         })
     }
 
@@ -335,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn keys_map_to_tenants_and_unknown_keys_are_anonymous() {
+    fn keys_map_to_tenants_and_unknown_keys_are_refused() {
         let t = tenancy(false);
         let acme = resolve(&t, &[("authorization", "Bearer sk-acme-123")]).unwrap();
         assert_eq!(&*acme.name, "acme");
@@ -354,11 +388,10 @@ mod tests {
                 .name,
             "globex"
         );
+        // Not required, but presented and wrong: refused, not anonymous.
         assert_eq!(
-            &*resolve(&t, &[("authorization", "Bearer sk-acme-12")])
-                .unwrap()
-                .name,
-            ANONYMOUS_TENANT
+            resolve(&t, &[("authorization", "Bearer sk-acme-12")]),
+            Err(Refused::UnknownKey)
         );
         assert_eq!(
             &*t.resolve(&HeaderMap::new(), Own::ANY, &none())
@@ -384,8 +417,8 @@ mod tests {
         );
         let wrong = headers(&[("x-api-key", "sk-acme-12")]);
         assert_eq!(
-            &*t.resolve(&wrong, Own::ANY, &none()).unwrap().name,
-            ANONYMOUS_TENANT
+            t.resolve(&wrong, Own::ANY, &none()),
+            Err(Refused::UnknownKey)
         );
     }
 
@@ -412,9 +445,31 @@ mod tests {
                 .name,
             "acme"
         );
-        let odd = headers(&[(TENANT_HEADER.as_str(), "a b")]);
+        for odd in ["a b", "anonymous", "other", &"x".repeat(65)] {
+            let h = headers(&[(TENANT_HEADER.as_str(), odd)]);
+            assert!(
+                matches!(
+                    tenancy(true).resolve(&h, Own::ANY, &none()),
+                    Err(Refused::BadTenantHeader(_))
+                ),
+                "{odd}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_tenants_a_clients_key_is_for_the_upstream() {
+        let t = Tenancy::new(&TenancyConfig {
+            tenants: Vec::new(),
+            trust_tenant_header: false,
+            require_key: false,
+            anonymous: Default::default(),
+            list_models_without_key: true,
+            limits: Default::default(),
+        });
+        let h = headers(&[("authorization", "Bearer sk-provider")]);
         assert_eq!(
-            &*tenancy(true).resolve(&odd, Own::ANY, &none()).unwrap().name,
+            &*t.resolve(&h, Own::ANY, &none()).unwrap().name,
             ANONYMOUS_TENANT
         );
     }
@@ -472,6 +527,8 @@ mod tests {
             trust_tenant_header: true,
             require_key: true,
             limits: Default::default(),
+            anonymous: Default::default(),
+            list_models_without_key: false,
         };
         let t = Tenancy::new(&cfg);
         let issued = none();
@@ -502,7 +559,19 @@ mod tests {
         cfg.require_key = false;
         let open = Tenancy::new(&cfg);
         assert_eq!(
-            &*open.resolve(&wrong, Own::ANY, &issued).unwrap().name,
+            open.resolve(&wrong, Own::ANY, &issued),
+            Err(Refused::UnknownKey),
+            "a revoked or wrong key is refused even when keys are optional"
+        );
+        assert_eq!(
+            open.resolve(&h, Own::ANY, &issued),
+            Err(Refused::UnknownKey)
+        );
+        assert_eq!(
+            &*open
+                .resolve(&HeaderMap::new(), Own::ANY, &issued)
+                .unwrap()
+                .name,
             ANONYMOUS_TENANT
         );
     }
@@ -515,7 +584,6 @@ mod tests {
         assert!(!acme.allows("m2") && !acme.allows("llama-3-70b"));
         let globex = resolve(&t, &[("x-api-key", "sk-globex-456")]).unwrap();
         assert!(globex.allows("anything"));
-        assert!(glob("*", "") && glob("a*b*c", "aXbYc") && !glob("a*b", "ab-"));
     }
 
     #[test]

@@ -23,6 +23,9 @@ WAIT_S = 60.0
 def pool_config(name: str, engines, extra: str) -> str:
     workers = ", ".join(f'{{ url = "{e.url}" }}' for e in engines)
     return server_config(debug_headers=True) + f"""
+[tenancy]
+anonymous_allow_slo_headers = true
+anonymous_max_priority = "critical"
 [[pools]]
 name = "{name}"
 models = ["{MODEL}"]

@@ -154,7 +154,9 @@ fn access_record(r: &RequestRecord<'_>, cost_usd: f64) -> AccessRecord {
     AccessRecord {
         ts: access_log::rfc3339_now(),
         request_id: r.request_id.to_str().unwrap_or("").to_string(),
+        client: r.client,
         tenant: r.tenant.clone(),
+        priority: r.priority,
         model,
         endpoint: r.endpoint,
         pool: route.map(|x| &x.pool).or(r.pool).map(|p| Arc::from(&**p)),

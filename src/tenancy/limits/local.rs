@@ -276,6 +276,7 @@ mod tests {
                 ..Default::default()
             })),
             slo: Default::default(),
+            claims: crate::tenancy::ClaimRules::anonymous(&Default::default()),
         }
     }
 

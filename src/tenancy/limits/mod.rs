@@ -564,6 +564,7 @@ mod tests {
             key_id: None,
             policy: Some(std::sync::Arc::new(policy)),
             slo: Default::default(),
+            claims: Default::default(),
         };
         let info = |max_tokens, choices| crate::api::RequestInfo {
             max_tokens,
