@@ -9,6 +9,7 @@
 //! formatting never shows them) and CA files. Key paths in messages are built with
 //! `key.rs`. Defaults live here and nowhere else.
 
+pub mod cert_validity;
 mod edge;
 pub mod flow;
 pub mod global;
@@ -34,7 +35,9 @@ pub use raw::{
     RawScorer, RawServer, RawTimeouts, RawWorker,
 };
 
-pub use edge::{load_certified_key, load_client_roots, CorsConfig, RawCors, RawTls, TlsConfig};
+pub use edge::{
+    chain_not_after, load_certified_key, load_client_roots, CorsConfig, RawCors, RawTls, TlsConfig,
+};
 pub use global::{
     GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,
 };

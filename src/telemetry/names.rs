@@ -64,6 +64,7 @@ pub const BUSY_POLL_MICROSECONDS: &str = "switchyard_busy_poll_microseconds_tota
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const TLS_CERT_RELOADS_TOTAL: &str = "switchyard_tls_certificate_reloads_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "switchyard_tls_handshake_failures_total";
+pub const TLS_CERT_EXPIRY_SECONDS: &str = "switchyard_tls_certificate_expiry_seconds";
 pub const CORS_REFUSED_TOTAL: &str = "switchyard_cors_refused_total";
 pub const LIMIT_REFUSALS_TOTAL: &str = "switchyard_limit_refusals_total";
 pub const LIMITS_STORE_ERRORS_TOTAL: &str = "switchyard_limits_store_errors_total";
@@ -406,7 +407,12 @@ fn describe_routing() {
     );
     describe_counter!(
         TLS_CERT_RELOADS_TOTAL,
-        "Certificate reloads after the files changed on disk, by listener and result (ok, rejected: the old certificate stays)."
+        "Certificate reloads after the files changed on disk, by listener and result (ok, rejected: unreadable, not matching its key, expired or not yet valid; the old certificate stays)."
+    );
+    describe_gauge!(
+        TLS_CERT_EXPIRY_SECONDS,
+        Unit::Seconds,
+        "When the certificate chain a listener serves expires: the earliest notAfter of its certificates, in Unix seconds (alert on it minus time())."
     );
     describe_counter!(
         TLS_HANDSHAKE_FAILURES_TOTAL,
