@@ -7,6 +7,10 @@
 
 mod support;
 
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use support::tls::{connect, negotiated, temp_dir, write_pair, Ca, Leaf};
 use support::{eventually, gateway, metric_sum, pool_toml, sim_model, sims, urls};
@@ -134,4 +138,148 @@ async fn rotation_to_an_expired_certificate_keeps_the_old_one_and_counts_the_rej
         good_expiry
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn stream_chat(model: &str, max_tokens: u32) -> serde_json::Value {
+    serde_json::json!({"model": model, "stream": true, "max_tokens": max_tokens,
+        "ignore_eos": true, "messages": [{"role": "user", "content": "drain"}]})
+}
+
+/// SIGTERM to a child process.
+fn terminate(child: &tokio::process::Child) {
+    let pid = child.id().expect("running").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
+
+/// A client socket that stops reading once `paused`: a connection idle in a
+/// client's pool that nobody polls.
+struct DeafWhenIdle {
+    io: tokio::net::TcpStream,
+    paused: Arc<AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for DeafWhenIdle {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.paused.load(Ordering::Relaxed) {
+            return Poll::Pending;
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for DeafWhenIdle {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[tokio::test]
+async fn an_idle_http2_connection_does_not_hold_the_process_for_the_drain_timeout() {
+    let s = sims(1, 50.0).await;
+    let model = sim_model();
+    let file = support::config_file(
+        "trust-h2-idle",
+        &format!(
+            "[server]\ndrain_timeout_ms = 60000\nunready_grace_ms = 0\nthreads = 1\n{}",
+            pool_toml(&model, &[&s[0].url()], "")
+        ),
+    );
+    let log = file.with_file_name("stderr.log");
+    let mut gw = support::serve_binary_with(&file, &[], Some(&log)).await;
+    let addr = gw.url.strip_prefix("http://").unwrap().to_string();
+    // HTTP/2 with prior knowledge (h2c): one request answered, then idle, and
+    // like a pooled client connection nobody reads: the gateway's GOAWAY and
+    // its PING are never answered.
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let paused = Arc::new(AtomicBool::new(false));
+    let io = DeafWhenIdle {
+        io: tcp,
+        paused: paused.clone(),
+    };
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(io),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let body = serde_json::json!({"model": model, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "h2"}]});
+    let req = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap();
+    paused.store(true, Ordering::Relaxed);
+
+    terminate(&gw.child);
+    // Nothing is in flight: the process must not sit out the 60 s drain timeout.
+    let exit = tokio::time::timeout(Duration::from_secs(45), gw.child.wait())
+        .await
+        .expect("exited before the drain timeout")
+        .unwrap();
+    assert!(exit.success(), "{exit}");
+    conn.abort();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("drained: 0 requests finished"), "{text}");
+    assert!(!text.contains("deadline"), "{text}");
+}
+
+#[tokio::test]
+async fn a_stream_still_running_at_the_drain_deadline_ends_with_the_error_event() {
+    let s = sims(1, 0.05).await;
+    let model = sim_model();
+    let gw = gateway(&format!(
+        "[server]\nunready_grace_ms = 0\ndrain_timeout_ms = 300\n{}",
+        pool_toml(&model, &[&s[0].url()], "")
+    ))
+    .await;
+    let mut resp = support::client()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(&stream_chat(&model, 1000))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.unwrap().expect("the stream started");
+    let mut text = String::from_utf8_lossy(&first).into_owned();
+    let gateway = gw.gateway.clone();
+    let stopping = tokio::spawn(gw.shutdown());
+    while let Some(c) = resp.chunk().await.expect("the stream ends cleanly") {
+        text.push_str(&String::from_utf8_lossy(&c));
+    }
+    let last = text.trim_end().rsplit("\n\n").next().unwrap();
+    let event: serde_json::Value =
+        serde_json::from_str(last.strip_prefix("data: ").expect("an SSE data line")).unwrap();
+    assert_eq!(event["error"]["code"], "drain_deadline", "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    stopping.await.unwrap();
+    let report = gateway.drain.report();
+    assert_eq!((report.at_start, report.cut), (1, 1), "{report:?}");
 }

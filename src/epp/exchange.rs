@@ -307,6 +307,7 @@ impl Exchange {
             self.request_id(),
             tenant,
             trace,
+            &gw.drain,
         );
         tags.pool = Some(choice.route.pool.metrics.name.clone());
         tags.request_bytes = body.len() as u64;

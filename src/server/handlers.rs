@@ -176,6 +176,7 @@ impl<'a> Inbound<'a> {
             self.request_id.clone(),
             tenant,
             trace,
+            &self.gw.drain,
         );
         Ok((Arc::new(tags), residency))
     }

@@ -189,7 +189,7 @@ pub fn describe() {
     );
     describe_counter!(
         STREAM_ERRORS_TOTAL,
-        "Responses that failed after the first byte reached the client, by reason."
+        "Responses that failed after the first byte reached the client, by reason (upstream_reset, idle_timeout, total_timeout, drain_deadline: cut at the shutdown's drain deadline)."
     );
     describe_counter!(
         ROUTING_DECISIONS_TOTAL,
@@ -416,7 +416,7 @@ fn describe_routing() {
     );
     describe_counter!(
         TLS_HANDSHAKE_FAILURES_TOTAL,
-        "TLS handshakes that failed, by listener and reason (error, timeout: not done within the header timeout)."
+        "TLS handshakes that failed, by listener and reason (error, timeout: not done within the header timeout, plaintext_http: a plain HTTP request, answered 400)."
     );
     describe_counter!(
         CORS_REFUSED_TOTAL,
@@ -424,7 +424,7 @@ fn describe_routing() {
     );
     describe_counter!(
         CONNECTIONS_CLOSED_TOTAL,
-        "Client connections the gateway closed, by reason: header_timeout, idle_timeout, body_timeout, bad_framing."
+        "Client connections the gateway closed, by reason: header_timeout, idle_timeout, body_timeout, bad_framing, drain_idle (open during a drain with nothing in flight: the client did not answer GOAWAY)."
     );
     describe_gauge!(
         WORKER_KV_USAGE_RATIO,
