@@ -283,3 +283,109 @@ async fn a_stream_still_running_at_the_drain_deadline_ends_with_the_error_event(
     let report = gateway.drain.report();
     assert_eq!((report.at_start, report.cut), (1, 1), "{report:?}");
 }
+
+/// `switchyard ARGS…` to completion: success, stdout and stderr.
+async fn run_binary(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn health_probes_https_by_url_and_by_config_and_plain_http_on_a_tls_port_is_told() {
+    let dir = temp_dir("trust-health");
+    let ca = Ca::new("health CA");
+    let (cert, key) = write_pair(&dir, "server", &leaf(&ca, "gw", CURRENT));
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let s = sims(1, 50.0).await;
+    let tls = format!("[server.tls]\ncert = {cert:?}\nkey = {key:?}\n");
+    let pool = pool_toml(&sim_model(), &[s[0].url().as_str()], "");
+    let gw = gateway(&format!("{tls}{pool}")).await;
+    let port = gw.addr.port();
+    let https = format!("https://127.0.0.1:{port}/health");
+    let ca_arg = ca_file.to_str().unwrap();
+
+    let (ok, out, err) = run_binary(&["health", "--url", &https, "--ca-file", ca_arg]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("200"), "{out}");
+    // Not trusting the gateway's CA is a failure, not a pass.
+    let (ok, _, err) = run_binary(&["health", "--url", &https]).await;
+    assert!(!ok && err.contains(&https), "{err}");
+    // The Dockerfile's form: the port and scheme from the configuration.
+    let file = dir.join("gw.toml");
+    std::fs::write(
+        &file,
+        format!("[server]\nlisten = \"0.0.0.0:{port}\"\n{tls}{pool}"),
+    )
+    .unwrap();
+    let (ok, out, err) = run_binary(&["health", "--config", file.to_str().unwrap()]).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with(&format!("https://127.0.0.1:{port}/health: 200")),
+        "{out}"
+    );
+    let dockerfile = include_str!("../docker/Dockerfile");
+    assert!(
+        dockerfile.contains(r#""health", "--config", "/etc/switchyard/switchyard.toml""#),
+        "the image's HEALTHCHECK probes by its configuration"
+    );
+
+    // Plain HTTP sent to the TLS port gets an answer it can read.
+    let (ok, _, err) = run_binary(&[
+        "health",
+        "--url",
+        &format!("http://127.0.0.1:{port}/health"),
+    ])
+    .await;
+    assert!(!ok && err.contains("400"), "{err}");
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tcp.write_all(b"GET /v1/models HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_string(&mut answer))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer}"
+    );
+    assert!(answer.ends_with("This port speaks TLS: use https:// instead of http://.\n"));
+    let plaintext = metric_sum(
+        &gw.gateway.metrics.render(),
+        names::TLS_HANDSHAKE_FAILURES_TOTAL,
+        &[("listener", "client"), ("reason", "plaintext_http")],
+    );
+    assert!(plaintext >= 2.0, "{plaintext}");
+    // TLS clients are unaffected.
+    let s = connect(gw.addr, &ca.der(), &[b"h2"], None).await.unwrap();
+    let mut send = support::tls::Sender::over(s).await.unwrap();
+    assert_eq!(
+        send.send("GET", "/health", None, None).await.unwrap().0,
+        200
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn demo_policy_lists_its_valid_values() {
+    let (ok, _, err) = run_binary(&["demo", "--policy", "fastest"]).await;
+    assert!(!ok);
+    assert!(
+        err.contains("invalid value 'fastest'")
+            && err.contains("prefix")
+            && err.contains("round_robin"),
+        "{err}"
+    );
+}

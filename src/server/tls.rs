@@ -63,18 +63,26 @@ impl Tls {
     }
 
     /// The handshake, bounded by `limit` (the header timeout): a client that
-    /// stalls it gives its connection slot back. Failures are counted.
+    /// stalls it gives its connection slot back. A client speaking plain HTTP
+    /// is told in plain HTTP to use https. Failures are counted.
     pub(crate) async fn accept(
         &self,
         stream: TcpStream,
         limit: Duration,
     ) -> Option<TlsStream<TcpStream>> {
-        let reason = match tokio::time::timeout(limit, self.acceptor.accept(stream)).await {
-            Ok(Ok(s)) => return Some(s),
-            Ok(Err(e)) => {
+        let handshake = async {
+            if plaintext_http(&stream).await {
+                refuse_plaintext(stream).await;
+                return Err("plaintext_http");
+            }
+            self.acceptor.accept(stream).await.map_err(|e| {
                 tracing::debug!(listener = self.listener, error = %e, "TLS handshake failed");
                 "error"
-            }
+            })
+        };
+        let reason = match tokio::time::timeout(limit, handshake).await {
+            Ok(Ok(s)) => return Some(s),
+            Ok(Err(reason)) => reason,
             Err(_) => "timeout",
         };
         metrics::counter!(
@@ -85,6 +93,26 @@ impl Tls {
         .increment(1);
         None
     }
+}
+
+/// The client's first byte is an uppercase ASCII letter (`GET`, `POST`, `PRI`):
+/// a plain HTTP request, where a TLS client starts with a handshake record (0x16).
+async fn plaintext_http(stream: &TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    matches!(stream.peek(&mut first).await, Ok(1) if first[0].is_ascii_uppercase())
+}
+
+/// What a plain HTTP client gets on a TLS port: a 400 it can read, then the close.
+async fn refuse_plaintext(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    const BODY: &str = "This port speaks TLS: use https:// instead of http://.\n";
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }
 
 /// Serves whatever certificate was loaded last.
