@@ -15,11 +15,19 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Routing policy.
-    #[arg(long, default_value = "prefix")]
+    #[arg(long, default_value = "prefix", value_parser = policy_names())]
     pub policy: String,
     /// Simulated-engine speed-up factor (1 = real time).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
+}
+
+/// `--policy` takes one of the policy names (listed by `--help` and in the
+/// error for any other).
+fn policy_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(
+        crate::config::PolicyKind::ALL.iter().map(|p| p.as_str()),
+    )
 }
 
 /// Start everything, print how to use it, and run until Ctrl-C.

@@ -129,6 +129,7 @@ async fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let _ = stop.send(true);
     tracing::info!(?grace, ?drain, "shutting down");
     tokio::task::spawn_blocking(move || shards.join()).await?;
+    gw.log_drained();
     Ok(())
 }
 

@@ -317,6 +317,54 @@ async fn an_engine_restart_clears_its_entries() {
     wait_blocks(&gw.url(), &url, 4.0).await;
 }
 
+/// vLLM's block size for most models on recent GPUs: 128 tokens, where the
+/// gateway's default is 16. Unconfigured, the pool learns it from the engines'
+/// events and routes precisely (before, every worker was refused and routing
+/// silently fell back to the approximate index).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfigured_block_size_is_learned_from_the_engines() {
+    let mut v = Vec::new();
+    for _ in 0..2 {
+        let kv = KvEventsConfig {
+            block_size: 128,
+            ..kv_cfg(0, 0)
+        };
+        v.push(
+            sim::spawn(SimConfig {
+                block_size: 128,
+                ..sim_config(4096, kv)
+            })
+            .await
+            .expect("sim starts"),
+        );
+    }
+    let sims = v;
+    let gw = gateway(&config_named("learned", &sims, "")).await;
+    wait_live(&gw.url(), &sims).await;
+    let text = tagged_words("learned", 400);
+    chat(&sims[1].url(), &text).await;
+    wait_caught_up(&gw.url(), &sims[1]).await;
+    let (worker, reason) = chat(&gw.url(), &text).await.unwrap();
+    assert_eq!(
+        (worker.as_str(), reason.as_str()),
+        (sims[1].url().as_str(), "prefix_hit")
+    );
+    let m = scrape(&gw.url()).await;
+    for s in &sims {
+        let refused = worker_metric(&m, names::KV_REFUSALS_TOTAL, &s.url(), &[]);
+        assert!(refused <= 0.0, "{} refused: {refused}", s.url());
+    }
+    let pred = metric_sum(
+        &m,
+        names::CACHE_PREDICTED_TOKENS_TOTAL,
+        &[(names::L_POOL, "learned"), (names::L_MODE, "precise")],
+    );
+    assert!(
+        pred >= 128.0,
+        "precise prediction in 128-token blocks: {pred}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_size_mismatch_falls_back_loudly() {
     let sims = sims(2, 4096).await;

@@ -188,6 +188,9 @@ pub fn load_certified_key(tls: &TlsConfig) -> Result<rustls::sign::CertifiedKey,
         .map_err(|e| format!("`{}`: no private key read: {e}", tls.key.display()))?;
     let provider = rustls::crypto::ring::default_provider();
     let certs: Vec<CertificateDer<'static>> = certs;
+    let ders: Vec<&[u8]> = certs.iter().map(|c| c.as_ref()).collect();
+    let shown = tls.cert.display().to_string();
+    super::cert_validity::check_chain(&ders, super::cert_validity::unix_now(), &shown)?;
     rustls::sign::CertifiedKey::from_der(certs, key, &provider).map_err(|e| {
         format!(
             "`{}` and `{}` do not form a usable certificate and key: {e}",
@@ -195,6 +198,20 @@ pub fn load_certified_key(tls: &TlsConfig) -> Result<rustls::sign::CertifiedKey,
             tls.key.display()
         )
     })
+}
+
+/// When a loaded chain stops working: the earliest `notAfter` of its
+/// certificates, in Unix seconds (the `switchyard_tls_certificate_expiry_seconds` gauge).
+pub fn chain_not_after(key: &rustls::sign::CertifiedKey) -> Option<i64> {
+    key.cert
+        .iter()
+        .map(|c| {
+            super::cert_validity::Validity::of_der(c)
+                .ok()
+                .map(|v| v.not_after)
+        })
+        .min()
+        .flatten()
 }
 
 /// The CAs of a `client_ca` file as a root store.

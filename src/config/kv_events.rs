@@ -73,6 +73,8 @@ pub struct RawTierWeights {
 pub struct KvEventsConfig {
     /// Tokens per engine block; an engine reporting another size is refused.
     pub block_size: usize,
+    /// `block_size` was not configured: the first engine's report sets it.
+    pub learn_block_size: bool,
     /// ZeroMQ topic subscribed to ("" = every topic).
     pub topic: String,
     pub max_blocks_per_worker: usize,
@@ -91,6 +93,7 @@ impl Default for KvEventsConfig {
     fn default() -> Self {
         KvEventsConfig {
             block_size: DEFAULT_KV_BLOCK_SIZE,
+            learn_block_size: true,
             topic: String::new(),
             max_blocks_per_worker: DEFAULT_KV_MAX_BLOCKS,
             probe_interval: Duration::from_millis(DEFAULT_KV_PROBE_MS),
@@ -179,6 +182,7 @@ pub(super) fn validate_kv_events(key: &Key, raw: RawKvEvents, p: &mut Problems) 
     }
     KvEventsConfig {
         block_size: block_size.max(1),
+        learn_block_size: raw.block_size.is_none(),
         topic: raw.topic.unwrap_or_default(),
         max_blocks_per_worker: max_blocks.max(1),
         probe_interval: Duration::from_millis(probe.max(1)),

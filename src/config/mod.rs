@@ -9,6 +9,7 @@
 //! formatting never shows them) and CA files. Key paths in messages are built with
 //! `key.rs`. Defaults live here and nowhere else.
 
+pub mod cert_validity;
 mod edge;
 pub mod engine_routes;
 pub mod flow;
@@ -39,7 +40,8 @@ pub use raw::{
 };
 
 pub use edge::{
-    load_certified_key, load_client_roots, Cidr, CorsConfig, RawCors, RawTls, TlsConfig,
+    chain_not_after, load_certified_key, load_client_roots, Cidr, CorsConfig, RawCors, RawTls,
+    TlsConfig,
 };
 pub use global::{
     GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,

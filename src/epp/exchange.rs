@@ -325,6 +325,7 @@ impl Exchange {
             self.request_id(),
             tenant,
             trace,
+            &gw.drain,
         );
         tags.pool = Some(choice.route.pool.metrics.name.clone());
         tags.priority = priority;

@@ -9,7 +9,8 @@ use std::collections::HashMap;
 /// Why a worker's events cannot drive precise routing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// The engine's blocks are another size than the pool's `block_size`.
+    /// The engine's blocks are another size than the pool's: its configured
+    /// `block_size`, or the one learned from the first engine that reported.
     BlockSize { engine: usize, pool: usize },
     /// A stored event's token ids do not cover its blocks.
     Tokens,
@@ -30,7 +31,7 @@ impl std::fmt::Display for Refusal {
         match self {
             Refusal::BlockSize { engine, pool } => write!(
                 f,
-                "the engine's KV blocks hold {engine} tokens but the pool's kv_events.block_size is {pool}"
+                "the engine's KV blocks hold {engine} tokens but the pool's block size is {pool} (kv_events.block_size, or learned from its first engine)"
             ),
             Refusal::Tokens => write!(f, "a BlockStored event's token_ids do not cover its blocks"),
         }
@@ -96,12 +97,13 @@ impl WorkerBlocks {
                     self.copy(ix, block_hashes, *tier, &mut out);
                     return Ok(out);
                 }
-                if *block_size != self.block_size {
+                if !ix.adopt_block_size(*block_size) {
                     return Err(Refusal::BlockSize {
                         engine: *block_size,
-                        pool: self.block_size,
+                        pool: ix.block_size(),
                     });
                 }
+                self.block_size = *block_size;
                 if token_ids.len() != block_hashes.len() * block_size {
                     return Err(Refusal::Tokens);
                 }
@@ -350,5 +352,31 @@ mod tests {
             .unwrap();
         assert_eq!(r.over_capacity, 1);
         assert_eq!(ix.pairs(), 2);
+    }
+
+    #[test]
+    fn an_unpinned_block_size_is_set_by_the_first_report_then_pinned() {
+        let ix = KvIndex::new(16).learning_block_size();
+        let (a, b) = (
+            ix.claim(&Arc::from("a")).unwrap(),
+            ix.claim(&Arc::from("b")).unwrap(),
+        );
+        let (mut wa, mut wb) = (WorkerBlocks::new(a, 16, 10), WorkerBlocks::new(b, 16, 10));
+        // The first engine reports blocks of 4: the pool's size becomes 4.
+        wa.apply(&ix, &stored(&[1, 2], None, 0..8, Tier::Gpu))
+            .unwrap();
+        assert_eq!((ix.block_size(), ix.pairs()), (4, 2));
+        let mut e = stored(&[7], None, 0..16, Tier::Gpu);
+        if let Event::Stored { block_size, .. } = &mut e {
+            *block_size = 16;
+        }
+        assert_eq!(
+            wb.apply(&ix, &e),
+            Err(Refusal::BlockSize {
+                engine: 16,
+                pool: 4
+            })
+        );
+        assert_eq!(ix.block_size(), 4);
     }
 }

@@ -26,6 +26,11 @@ pub(super) struct Checks {
 }
 
 impl Checks {
+    /// The pool's name.
+    pub(super) fn pool(&self) -> &str {
+        &self.pool
+    }
+
     pub(super) fn new(pool: &str) -> Checks {
         Checks {
             pool: Arc::from(pool),

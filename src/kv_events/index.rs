@@ -130,8 +130,13 @@ pub struct KvIndex {
     pending: Pending,
     /// Lookups checked against the full walk.
     checks: Checks,
-    block_size: usize,
+    /// Tokens per block, with [`LEARN`] set while the first engine report may
+    /// still set it (`[pools.kv_events] block_size` not configured).
+    block_size: AtomicU64,
 }
+
+/// Bit of `KvIndex::block_size`: not pinned yet, the engines' first report sets it.
+const LEARN: u64 = 1 << 63;
 
 impl KvIndex {
     pub fn new(block_size: usize) -> KvIndex {
@@ -154,13 +159,40 @@ impl KvIndex {
             gpu: std::array::from_fn(|_| AtomicU64::new(0)),
             pending: Pending::default(),
             checks: Checks::new(pool),
-            block_size: block_size.max(1),
+            block_size: AtomicU64::new(block_size.max(1) as u64),
         }
+    }
+
+    /// Let the engines' first report set the block size (the configured one is
+    /// only a default until then).
+    pub fn learning_block_size(self) -> KvIndex {
+        self.block_size.fetch_or(LEARN, Ordering::Relaxed);
+        self
     }
 
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
-        self.block_size
+        (self.block_size.load(Ordering::Relaxed) & !LEARN) as usize
+    }
+
+    /// An engine reports `engine` tokens per block: `true` when that is the
+    /// index's size, which the first report sets (and pins) while learning.
+    pub fn adopt_block_size(&self, engine: usize) -> bool {
+        let now = self.block_size.load(Ordering::Relaxed);
+        if now & LEARN != 0 && engine > 0 {
+            let won = self
+                .block_size
+                .compare_exchange(now, engine as u64, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok();
+            if won && (now & !LEARN) as usize != engine {
+                tracing::info!(
+                    pool = %self.checks.pool(),
+                    block_size = engine,
+                    "kv events: block size learned from the engine"
+                );
+            }
+        }
+        self.block_size() == engine
     }
 
     /// The slot of `worker`, taking a free one if it has none; `None` when all

@@ -84,7 +84,7 @@ impl PoolKv {
             None => None,
         };
         Some(PoolKv {
-            index: Arc::new(KvIndex::for_pool(&pc.name, pc.kv_events.block_size)),
+            index: Arc::new(index_for(pc)),
             tokenizer,
             tier_weights: pc.kv_events.tier_weights,
             pending_ttl_ms: pc.kv_events.pending_ttl.as_millis() as u64,
@@ -146,5 +146,16 @@ impl Drop for PoolKv {
         for (_, t) in tasks.drain() {
             t.abort.abort();
         }
+    }
+}
+
+/// A pool's index: its block size pinned by `[pools.kv_events] block_size`,
+/// else learned from the first engine that reports one.
+fn index_for(pc: &crate::config::PoolConfig) -> KvIndex {
+    let ix = KvIndex::for_pool(&pc.name, pc.kv_events.block_size);
+    if pc.kv_events.learn_block_size {
+        ix.learning_block_size()
+    } else {
+        ix
     }
 }

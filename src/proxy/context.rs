@@ -51,6 +51,9 @@ pub struct RequestTags {
     slo_downgraded: AtomicBool,
     /// The answering attempt's dispatch (load met, prediction) for the latency model.
     pub dispatch: crate::pool::predict::DispatchCell,
+    /// Counts the request alive for the gateway's drain; a stream still
+    /// running at the drain deadline is cut through it.
+    pub live: crate::runtime::drain::Live,
 }
 
 impl RequestTags {
@@ -60,8 +63,10 @@ impl RequestTags {
         request_id: HeaderValue,
         tenant: Tenant,
         trace: TraceContext,
+        drain: &crate::runtime::drain::Drain,
     ) -> RequestTags {
         RequestTags {
+            live: drain.live(),
             tenant_label: sinks.tenants.get(&tenant.name),
             priority: tenant.claims.default,
             client: None,

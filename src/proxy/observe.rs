@@ -505,6 +505,9 @@ pub struct ObservedBody<B> {
     /// The idle/total deadline timer, made the first time the upstream is not
     /// ready: a response that arrives whole never needs one.
     timer: Option<Pin<Box<Sleep>>>,
+    /// The gateway's drain cut, waited on by an SSE stream once it waits for
+    /// the upstream: at the drain deadline the stream ends with its error event.
+    cut: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
     last_activity: Instant,
     /// Boxed: the body is moved through a few wrappers on its way out, and the
     /// observer is most of its size.
@@ -517,6 +520,7 @@ impl<B> ObservedBody<B> {
         ObservedBody {
             inner,
             timer: None,
+            cut: None,
             last_activity: crate::runtime::clock::now(),
             obs: Box::new(Observer::new(p)),
             phase: Phase::Streaming,
@@ -530,6 +534,22 @@ impl<B> ObservedBody<B> {
             self.obs.outcome = Some(Outcome::Completed);
             self.phase = Phase::Done;
         }
+    }
+
+    /// The drain deadline passed while this stream waits: fail it with the
+    /// error event (counted for the shutdown log) and `true`.
+    fn drain_cut(&mut self, cx: &mut Context<'_>) -> bool {
+        let live = &self.obs.p.tags.live;
+        let cut = self.cut.get_or_insert_with(|| live.cut_signal());
+        if cut.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        live.count_cut();
+        self.fail(
+            "drain_deadline",
+            "The gateway is shutting down: the stream was cut at its drain deadline (server.drain_timeout_ms)",
+        );
+        true
     }
 
     fn fail(&mut self, reason: &'static str, message: &str) {
@@ -549,7 +569,12 @@ impl<B> ObservedBody<B> {
                 message,
             )),
             (true, false) => {
-                Some(ErrorBody::new(message, "upstream_error", None, Some(reason)).to_sse_event())
+                let kind = if reason == "drain_deadline" {
+                    "server_error"
+                } else {
+                    "upstream_error"
+                };
+                Some(ErrorBody::new(message, kind, None, Some(reason)).to_sse_event())
             }
         };
         self.phase = Phase::Failing(event);
@@ -613,6 +638,9 @@ where
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {}
+            }
+            if this.obs.p.sse && this.drain_cut(cx) {
+                continue;
             }
             // Deadlines: the timer is re-armed lazily, only when it fires early.
             let due = (this.last_activity + this.obs.p.idle).min(this.obs.p.deadline);

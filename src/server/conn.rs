@@ -30,6 +30,20 @@ pub(crate) enum Closed {
     /// A header section the gateway refuses to interpret (bare LF, unsupported
     /// transfer coding).
     BadFraming,
+    /// Still open during a drain once no request was left anywhere: a client
+    /// that did not answer the GOAWAY (an idle pooled connection nobody reads).
+    DrainIdle,
+}
+
+/// What the server asks of its connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Stop {
+    #[default]
+    Serve,
+    /// Draining: finish what is in flight, take nothing new (HTTP/2: GOAWAY).
+    Graceful,
+    /// Nothing is in flight any more: close now.
+    Now,
 }
 
 impl Closed {
@@ -39,6 +53,7 @@ impl Closed {
             Closed::IdleTimeout => "idle_timeout",
             Closed::BodyTimeout => "body_timeout",
             Closed::BadFraming => "bad_framing",
+            Closed::DrainIdle => "drain_idle",
         }
     }
 
@@ -167,6 +182,8 @@ pub(crate) struct ConnTimeouts {
 enum Event<R> {
     Ended(R),
     Stop,
+    /// The stop signal's sender is gone.
+    Orphaned,
     Check,
 }
 
@@ -174,12 +191,12 @@ enum Event<R> {
 /// the connection has `header` time, and is then dropped (nothing is in flight).
 /// After that, a connection on which no request started for `idle` is shut
 /// down gracefully: a response still streaming finishes first. A `stop` signal
-/// (the server draining) shuts it down gracefully too.
+/// (the server draining) shuts it down gracefully too, and [`Stop::Now`] drops it.
 pub(crate) async fn drive<C>(
     conn: C,
     state: &ConnState,
     timeouts: ConnTimeouts,
-    mut stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<Stop>,
 ) where
     C: GracefulConnection<Error = Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -187,7 +204,7 @@ pub(crate) async fn drive<C>(
     let mut seen = 0;
     let check = tokio::time::sleep(timeouts.header);
     tokio::pin!(check);
-    let mut closing = *stop.borrow();
+    let mut closing = *stop.borrow_and_update() >= Stop::Graceful;
     if closing {
         conn.as_mut().graceful_shutdown();
     }
@@ -208,16 +225,20 @@ pub(crate) async fn drive<C>(
                 if let Poll::Ready(r) = conn.as_mut().poll(cx) {
                     return Poll::Ready(Event::Ended(r));
                 }
-                if closing {
-                    return Poll::Pending;
-                }
                 // Polled once to register the waker (same task, so it stands),
                 // then again only once the signal has changed or its sender is gone.
                 if !watching || probe.has_changed().unwrap_or(true) {
                     watching = true;
-                    if changed.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(Event::Stop);
+                    if let Poll::Ready(r) = changed.as_mut().poll(cx) {
+                        return Poll::Ready(match r {
+                            Ok(()) => Event::Stop,
+                            // The server is gone: nothing will signal again.
+                            Err(_) => Event::Orphaned,
+                        });
                     }
+                }
+                if closing {
+                    return Poll::Pending;
                 }
                 if !registered || check.is_elapsed() {
                     registered = true;
@@ -240,9 +261,26 @@ pub(crate) async fn drive<C>(
                 }
                 return;
             }
-            Event::Stop => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+            Event::Stop => match *stop.borrow_and_update() {
+                Stop::Serve => {}
+                Stop::Graceful => {
+                    if !closing {
+                        closing = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+                Stop::Now => {
+                    Closed::DrainIdle.count();
+                    return;
+                }
+            },
+            Event::Orphaned => {
+                // Nothing will signal again: finish what is in flight and close.
+                if !closing {
+                    conn.as_mut().graceful_shutdown();
+                }
+                let _ = std::future::poll_fn(|cx| conn.as_mut().poll(cx)).await;
+                return;
             }
             Event::Check => {
                 let now_seen = state.requests();

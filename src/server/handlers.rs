@@ -197,6 +197,7 @@ impl<'a> Inbound<'a> {
             self.request_id.clone(),
             tenant,
             trace,
+            &self.gw.drain,
         );
         tags.priority = priority;
         tags.client = self.client;
@@ -213,6 +214,7 @@ impl<'a> Inbound<'a> {
             self.request_id.clone(),
             self.gw.tenancy.load().anonymous(),
             TraceContext::from_header(None, None),
+            &self.gw.drain,
         );
         tags.client = self.client;
         let mut resp = self.finish_error(e, &tags, None);

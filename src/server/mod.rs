@@ -26,7 +26,7 @@ use crate::telemetry::{self, names};
 use crate::upstream::UpstreamClient;
 use axum::routing::{get, post};
 use axum::Router;
-use conn::{ConnState, ConnTimeouts, HeaderLimits, Scanned};
+use conn::{ConnState, ConnTimeouts, HeaderLimits, Scanned, Stop};
 use hyper::service::Service as HyperService;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -65,6 +65,8 @@ pub struct Gateway {
     /// The engines' model lists, reused for a few seconds by `/v1/models`.
     model_cards: models::CardCache,
     shutting_down: AtomicBool,
+    /// Requests alive, and the cut of streams at the drain deadline.
+    pub drain: crate::runtime::drain::Drain,
     reloader: arc_swap::ArcSwapOption<Reloader>,
     /// TLS of the client listener, when `server.tls` is set.
     tls: Option<tls::Tls>,
@@ -125,6 +127,7 @@ impl Gateway {
             ids,
             model_cards: Default::default(),
             shutting_down: AtomicBool::new(false),
+            drain: Default::default(),
             reloader: arc_swap::ArcSwapOption::empty(),
             tls,
         }))
@@ -341,9 +344,10 @@ pub async fn spawn(config: Config) -> std::io::Result<ServerHandle> {
             let _ = rx.wait_for(|v| *v).await;
         };
         let drain = gw.registry.config().server.drain_timeout;
-        if let Err(e) = serve(listener, gw, signal, drain).await {
+        if let Err(e) = serve(listener, gw.clone(), signal, drain).await {
             tracing::error!(error = %e, "server stopped");
         }
+        gw.log_drained();
     });
     Ok(ServerHandle {
         addr,
@@ -394,7 +398,7 @@ pub(crate) async fn serve_internal(
     let (limits, timeouts) = (HeaderLimits::of(&cfg), ConnTimeouts::of(&cfg));
     let permits = Arc::new(tokio::sync::Semaphore::new(cap));
     // Never signalled: the internal listener lives as long as the process.
-    let (_never, stop) = tokio::sync::watch::channel(false);
+    let (_never, stop) = tokio::sync::watch::channel(Stop::Serve);
     loop {
         let permit = permits.clone().acquire_owned().await.expect("never closed");
         let stream = match listener.accept().await {
@@ -463,8 +467,8 @@ struct Accepting {
     builder: auto::Builder<TokioExecutor>,
     limits: HeaderLimits,
     timeouts: ConnTimeouts,
-    /// `true` asks the connection to shut down gracefully.
-    stop: tokio::sync::watch::Receiver<bool>,
+    /// Asks the connection to shut down gracefully, or at once.
+    stop: tokio::sync::watch::Receiver<Stop>,
 }
 
 impl Accepting {
@@ -524,9 +528,9 @@ pub(crate) async fn serve_with_permits(
     permits: Arc<tokio::sync::Semaphore>,
 ) -> std::io::Result<()> {
     let server_cfg = gw.registry.config().server.clone();
-    // Connections hold a receiver: `true` asks them to shut down gracefully, and
-    // the sender's `closed()` tells when the last one has ended.
-    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    // Connections hold a receiver: it asks them to shut down gracefully (or at
+    // once), and the sender's `closed()` tells when the last one has ended.
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(Stop::Serve);
     let accepting = Accepting {
         app: router(gw.clone()),
         builder: connection_builder(&server_cfg),
@@ -579,12 +583,67 @@ pub(crate) async fn serve_with_permits(
     gw.shutting_down.store(true, Ordering::Relaxed);
     drop(listener);
     drop(accepting);
-    let _ = drain_tx.send(true);
-    if tokio::time::timeout(drain, drain_tx.closed())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain deadline reached with requests still in flight");
-    }
+    drain_connections(&gw, &drain_tx, drain).await;
     Ok(())
+}
+
+/// After the drain deadline, how long cut streams have to write their error
+/// event before their connections are dropped.
+const CUT_FLUSH: Duration = Duration::from_secs(1);
+/// Once no request is left, how long a connection has to close on its own
+/// after its GOAWAY (an HTTP/2 client acknowledges it within a round trip)
+/// before it is closed.
+const GOAWAY_GRACE: Duration = Duration::from_millis(500);
+
+/// Ask every connection to finish (HTTP/2: GOAWAY) and wait until all are
+/// closed. Connections left once no request is alive anywhere are idle ones
+/// whose client did not answer: closed after [`GOAWAY_GRACE`]. At the drain
+/// deadline, streams still running end with their error event.
+async fn drain_connections(
+    gw: &Gateway,
+    drain_tx: &tokio::sync::watch::Sender<Stop>,
+    drain: Duration,
+) {
+    let deadline = crate::runtime::clock::now() + drain;
+    gw.drain.begin();
+    let _ = drain_tx.send(Stop::Graceful);
+    let idle = async {
+        loop {
+            gw.drain.quiet().await;
+            tokio::time::sleep(GOAWAY_GRACE).await;
+            if gw.drain.alive() == 0 {
+                let _ = drain_tx.send(Stop::Now);
+                return std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = drain_tx.closed() => return,
+        _ = idle => {}
+        _ = tokio::time::sleep_until(deadline) => {}
+    }
+    // Streams still running end with their error event; give their
+    // connections a moment to write it and close.
+    gw.drain.cut();
+    let _ = tokio::time::timeout(CUT_FLUSH, drain_tx.closed()).await;
+}
+
+impl Gateway {
+    /// Log what the drain did, once every listener has stopped.
+    pub fn log_drained(&self) {
+        let r = self.drain.report();
+        let finished = r.at_start.saturating_sub(r.at_deadline);
+        if r.at_deadline == 0 {
+            tracing::info!(finished, "drained: {finished} requests finished");
+            return;
+        }
+        let aborted = r.at_deadline.saturating_sub(r.cut);
+        tracing::warn!(
+            finished,
+            cut = r.cut,
+            aborted,
+            "drain deadline reached: {finished} requests finished, cut {} streams at the deadline (each ended with an error event), {aborted} other requests aborted",
+            r.cut
+        );
+    }
 }

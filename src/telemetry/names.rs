@@ -64,6 +64,7 @@ pub const BUSY_POLL_MICROSECONDS: &str = "switchyard_busy_poll_microseconds_tota
 pub const CONFIG_RELOADS_TOTAL: &str = "switchyard_config_reloads_total";
 pub const TLS_CERT_RELOADS_TOTAL: &str = "switchyard_tls_certificate_reloads_total";
 pub const TLS_HANDSHAKE_FAILURES_TOTAL: &str = "switchyard_tls_handshake_failures_total";
+pub const TLS_CERT_EXPIRY_SECONDS: &str = "switchyard_tls_certificate_expiry_seconds";
 pub const CORS_REFUSED_TOTAL: &str = "switchyard_cors_refused_total";
 pub const LIMIT_REFUSALS_TOTAL: &str = "switchyard_limit_refusals_total";
 pub const ROUTE_REFUSALS_TOTAL: &str = "switchyard_route_refusals_total";
@@ -223,7 +224,7 @@ pub fn describe() {
     );
     describe_counter!(
         STREAM_ERRORS_TOTAL,
-        "Responses that failed after the first byte reached the client, by reason."
+        "Responses that failed after the first byte reached the client, by reason (upstream_reset, idle_timeout, total_timeout, drain_deadline: cut at the shutdown's drain deadline)."
     );
     describe_counter!(
         ROUTING_DECISIONS_TOTAL,
@@ -441,11 +442,16 @@ fn describe_routing() {
     );
     describe_counter!(
         TLS_CERT_RELOADS_TOTAL,
-        "Certificate reloads after the files changed on disk, by listener and result (ok, rejected: the old certificate stays)."
+        "Certificate reloads after the files changed on disk, by listener and result (ok, rejected: unreadable, not matching its key, expired or not yet valid; the old certificate stays)."
+    );
+    describe_gauge!(
+        TLS_CERT_EXPIRY_SECONDS,
+        Unit::Seconds,
+        "When the certificate chain a listener serves expires: the earliest notAfter of its certificates, in Unix seconds (alert on it minus time())."
     );
     describe_counter!(
         TLS_HANDSHAKE_FAILURES_TOTAL,
-        "TLS handshakes that failed, by listener and reason (error, timeout: not done within the header timeout)."
+        "TLS handshakes that failed, by listener and reason (error, timeout: not done within the header timeout, plaintext_http: a plain HTTP request, answered 400)."
     );
     describe_counter!(
         CORS_REFUSED_TOTAL,
@@ -453,7 +459,7 @@ fn describe_routing() {
     );
     describe_counter!(
         CONNECTIONS_CLOSED_TOTAL,
-        "Client connections the gateway closed, by reason: header_timeout, idle_timeout, body_timeout, bad_framing."
+        "Client connections the gateway closed, by reason: header_timeout, idle_timeout, body_timeout, bad_framing, drain_idle (open during a drain with nothing in flight: the client did not answer GOAWAY)."
     );
     describe_gauge!(
         WORKER_KV_USAGE_RATIO,

@@ -60,12 +60,35 @@ impl Ca {
         self.leaf(cn, ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A server certificate valid only from `not_before` to `not_after` ((y, m, d)).
+    pub fn server_valid(
+        &self,
+        cn: &str,
+        not_before: (i32, u8, u8),
+        not_after: (i32, u8, u8),
+    ) -> Leaf {
+        self.leaf_with(cn, ExtendedKeyUsagePurpose::ServerAuth, |p| {
+            p.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
+            p.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+        })
+    }
+
     fn leaf(&self, cn: &str, usage: ExtendedKeyUsagePurpose) -> Leaf {
+        self.leaf_with(cn, usage, |_| {})
+    }
+
+    fn leaf_with(
+        &self,
+        cn: &str,
+        usage: ExtendedKeyUsagePurpose,
+        edit: impl FnOnce(&mut CertificateParams),
+    ) -> Leaf {
         let key = KeyPair::generate().unwrap();
         let mut p =
             CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
         p.distinguished_name.push(DnType::CommonName, cn);
         p.extended_key_usages = vec![usage];
+        edit(&mut p);
         let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
         Leaf {
             cert_pem: cert.pem(),
