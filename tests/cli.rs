@@ -116,7 +116,12 @@ async fn health_exits_zero_only_on_a_2xx_answer() {
         stderr(&o)
     );
 
+    // https is probed too (tests/trust_ops.rs has a TLS gateway): nothing there.
     let o = run(&["health", "--url", "https://127.0.0.1:1/health"]).await;
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("only http://"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("https://127.0.0.1:1/health:"),
+        "{}",
+        stderr(&o)
+    );
 }
