@@ -65,6 +65,27 @@ pub fn continue_headers(side: Side) -> ProcessingResponse {
     headers_response(side, CommonResponse::default())
 }
 
+/// Response headers pass with `add` set (the tenant's rate-limit headers).
+pub fn continue_response_headers(add: &http::HeaderMap) -> ProcessingResponse {
+    if add.is_empty() {
+        return continue_headers(Side::Response);
+    }
+    let set_headers = add
+        .iter()
+        .filter_map(|(k, v)| Some(set_header(k.as_str(), v.to_str().ok()?)))
+        .collect();
+    headers_response(
+        Side::Response,
+        CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers,
+                remove_headers: Vec::new(),
+            }),
+            ..Default::default()
+        },
+    )
+}
+
 /// A body chunk passes unchanged (buffered and streamed modes).
 pub fn continue_body(side: Side) -> ProcessingResponse {
     body_response(side, CommonResponse::default())

@@ -3,12 +3,13 @@
 
 pub mod admin;
 mod admin_keys;
-mod client_addr;
+pub(crate) mod client_addr;
 mod conn;
 mod cors;
 pub mod dashboard;
 pub mod engine_routes;
 mod handlers;
+pub(crate) use handlers::{admit_limits, refused_by_tenancy};
 pub mod listen;
 pub use handlers::metrics_text;
 mod models;
