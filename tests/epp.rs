@@ -421,8 +421,9 @@ async fn a_request_without_a_body_goes_to_an_available_worker() {
     let sims = sims(2, 8.0).await;
     let epp = epp(&urls(&sims), 0, "").await;
     let mut s = Stream::open(&epp).await;
+    // `/v1/models` is answered by the picker itself (the caller's list).
     s.send(
-        headers(&[(":method", "GET"), (":path", "/v1/models")], true),
+        headers(&[(":method", "GET"), (":path", "/version")], true),
         Some(BodySendMode::FullDuplexStreamed),
     )
     .await;
@@ -956,10 +957,38 @@ async fn a_bodyless_request_with_a_wrong_key_is_refused_and_logged_with_its_clie
     assert_eq!(line["client"], "203.0.113.9");
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.contains(wrong), "no key in the log");
-    // The right key passes (routed by path).
-    let h = chat_post(RPM_KEY, "epp-get-ok");
-    let mut h = h;
-    h[0].1 = "GET".into();
-    h[1].1 = "/v1/models".into();
-    ask(&epp, &refs(&h), None, None).await.picked();
+    // The picker answers the model list itself, showing what the key may use.
+    let list = |key: &'static str, path: &'static str| {
+        let auth = format!("Bearer {key}");
+        let epp = &epp;
+        async move {
+            let hs = [
+                (":method", "GET"),
+                (":path", path),
+                ("authorization", &auth),
+            ];
+            ask(epp, &hs, None, None).await.refused()
+        }
+    };
+    let all = list(RPM_KEY, "/v1/models").await;
+    assert_eq!(all.status.unwrap().code, 200);
+    let v: serde_json::Value = serde_json::from_slice(&all.body).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [sim_model()], "{v}");
+    let narrow = list(NARROW_KEY, "/v1/models").await;
+    let v: serde_json::Value = serde_json::from_slice(&narrow.body).unwrap();
+    assert_eq!(
+        v["data"],
+        serde_json::json!([]),
+        "a model it may not use is not listed"
+    );
+    let one = format!("/v1/models/{}", sim_model());
+    let one: &'static str = Box::leak(one.into_boxed_str());
+    assert_eq!(list(RPM_KEY, one).await.status.unwrap().code, 200);
+    assert_eq!(list(NARROW_KEY, one).await.status.unwrap().code, 404);
 }

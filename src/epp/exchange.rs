@@ -153,6 +153,7 @@ impl Exchange {
         let out = match msg.request {
             Some(Request::RequestHeaders(h)) => {
                 self.on_request_headers(h, msg.protocol_config, &msg.attributes)
+                    .await
             }
             Some(Request::RequestBody(b)) => self.on_request_body(b.body, b.end_of_stream).await,
             Some(Request::RequestTrailers(_)) => self.on_request_trailers().await,
@@ -174,7 +175,7 @@ impl Exchange {
         }
     }
 
-    fn on_request_headers(
+    async fn on_request_headers(
         &mut self,
         h: HttpHeaders,
         protocol: Option<ProtocolConfiguration>,
@@ -202,6 +203,10 @@ impl Exchange {
         }
         if let Some(e) = admit::stored_by_id(&self.path) {
             return self.refuse(&e);
+        }
+        let method = header_value(h.headers.as_ref(), ":method").unwrap_or_default();
+        if let Some(id) = super::models::asked(method, &self.path) {
+            return self.answer_models(id).await;
         }
         if h.end_of_stream || self.request_mode == BodyMode::None {
             return self.route_by_path();
@@ -236,6 +241,22 @@ impl Exchange {
         let (tags, own) = caller.admit()?;
         self.own = own;
         Ok(tags)
+    }
+
+    /// `GET /v1/models[/{id}]`: answered by the picker, filtered for the caller.
+    async fn answer_models(&mut self, id: Option<String>) -> Vec<ProcessingResponse> {
+        let tenant = match &self.tags {
+            Some(t) => t.tenant.clone(),
+            None => self.shared.gw.tenancy.load().anonymous(),
+        };
+        let gw = self.shared.gw.clone();
+        match super::models::answer(&gw, &tenant, id.as_deref()).await {
+            Ok(body) => {
+                self.closed = true;
+                vec![reply::immediate_json(body)]
+            }
+            Err(e) => self.refuse(&e),
+        }
     }
 
     /// No body to route on: the worker the request's path hashes to, for an

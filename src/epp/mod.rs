@@ -9,13 +9,15 @@
 //! records TTFT, inter-token gaps and tokens.
 //!
 //! `exchange.rs` holds the per-stream state machine, `admit.rs` the proxy's
-//! admission rules (tenant, class, client address, stored-state refusals), `pick.rs` the decision,
+//! admission rules (tenant, class, client address, stored-state refusals),
+//! `models.rs` the model list it answers itself, `pick.rs` the decision,
 //! `reply.rs` the protobuf answers, `service.rs` the tonic service, `health.rs`
 //! the gRPC health service.
 
 mod admit;
 mod exchange;
 mod health;
+mod models;
 pub mod pick;
 pub mod reply;
 mod service;

@@ -219,6 +219,21 @@ pub fn immediate(e: &GatewayError) -> ProcessingResponse {
     }))
 }
 
+/// The data plane answers the client itself with `body`, a JSON `200` (the
+/// model list the picker serves as the proxy does).
+pub fn immediate_json(body: Vec<u8>) -> ProcessingResponse {
+    wrap(Response::ImmediateResponse(ImmediateResponse {
+        status: Some(HttpStatus { code: 200 }),
+        headers: Some(HeaderMutation {
+            set_headers: vec![set_header("content-type", "application/json")],
+            remove_headers: Vec::new(),
+        }),
+        body,
+        details: "switchyard_epp_models".into(),
+        ..Default::default()
+    }))
+}
+
 fn set_header(key: &str, value: &str) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue {

@@ -13,6 +13,7 @@ pub(crate) use handlers::{admit_limits, refused_by_tenancy};
 pub mod listen;
 pub use handlers::metrics_text;
 mod models;
+pub(crate) use models::list as model_list;
 mod reload;
 mod request_id;
 pub mod shards;
