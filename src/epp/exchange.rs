@@ -15,18 +15,19 @@
 //! On the response path the bytes feed the proxy's response observer, so TTFT,
 //! inter-token gaps, tokens and usage are recorded as in proxy mode.
 
+use super::admit::{self, Caller};
 use super::pick::{self, Choice};
 use super::reply::{self, Route, Side};
-use crate::api::Endpoint;
+use crate::api::headers::Own;
+use crate::api::{self, Endpoint};
 use crate::pool::InFlightGuard;
 use crate::proxy::observe::{ObserveParams, ResponseObserver};
 use crate::proxy::GatewayError;
 use crate::proxy::RequestTags;
 use crate::routes::ModelRoute;
-use crate::routing::{request_residency, RESIDENCY_HEADER};
+use crate::routing::request_residency;
 use crate::server::Gateway;
-use crate::telemetry::trace::TraceContext;
-use crate::telemetry::{self, names};
+use crate::telemetry::names;
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::HeaderMap as PbHeaders;
 use envoy_types::pb::envoy::config::core::v3::Metadata;
@@ -37,6 +38,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
 use metrics::{counter, histogram};
+use std::net::IpAddr;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -97,7 +99,18 @@ pub struct Exchange {
     response_mode: BodyMode,
     path: String,
     headers: HeaderMap,
+    /// The gateway's headers among them (scanned at admission).
+    own: Own,
     body: BytesMut,
+    /// The data plane's address (the gRPC peer).
+    grpc_peer: Option<IpAddr>,
+    /// The client's address, for the access log.
+    client: Option<IpAddr>,
+    /// The request's context from its admission (at its headers) until the
+    /// pick moves it into `routed`.
+    tags: Option<RequestTags>,
+    /// The route its model resolved to, once known (the error metric's model).
+    known: Option<Arc<ModelRoute>>,
     routed: Option<Routed>,
     observer: Option<ResponseObserver>,
     /// An immediate response was sent: the data plane answers the client itself.
@@ -105,9 +118,9 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// A new exchange; without a protocol configuration from the data plane the
-    /// body is taken to come buffered.
-    pub fn new(shared: Arc<Shared>) -> Exchange {
+    /// A new exchange with the data plane at `grpc_peer`; without a protocol
+    /// configuration from the data plane the body is taken to come buffered.
+    pub fn new(shared: Arc<Shared>, grpc_peer: Option<IpAddr>) -> Exchange {
         Exchange {
             shared,
             start: crate::runtime::clock::now(),
@@ -115,7 +128,12 @@ impl Exchange {
             response_mode: BodyMode::None,
             path: String::new(),
             headers: HeaderMap::new(),
+            own: Own::ANY,
             body: BytesMut::new(),
+            grpc_peer,
+            client: None,
+            tags: None,
+            known: None,
             routed: None,
             observer: None,
             closed: false,
@@ -128,14 +146,17 @@ impl Exchange {
     }
 
     /// Feed one message; returns the answers due now, in order.
-    pub fn on_message(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
+    pub async fn on_message(&mut self, msg: ProcessingRequest) -> Vec<ProcessingResponse> {
         if self.closed {
             return Vec::new();
         }
         let out = match msg.request {
-            Some(Request::RequestHeaders(h)) => self.on_request_headers(h, msg.protocol_config),
-            Some(Request::RequestBody(b)) => self.on_request_body(b.body, b.end_of_stream),
-            Some(Request::RequestTrailers(_)) => self.on_request_trailers(),
+            Some(Request::RequestHeaders(h)) => {
+                self.on_request_headers(h, msg.protocol_config, &msg.attributes)
+                    .await
+            }
+            Some(Request::RequestBody(b)) => self.on_request_body(b.body, b.end_of_stream).await,
+            Some(Request::RequestTrailers(_)) => self.on_request_trailers().await,
             Some(Request::ResponseHeaders(h)) => {
                 self.on_response_headers(&h, msg.metadata_context.as_ref())
             }
@@ -154,10 +175,11 @@ impl Exchange {
         }
     }
 
-    fn on_request_headers(
+    async fn on_request_headers(
         &mut self,
         h: HttpHeaders,
         protocol: Option<ProtocolConfiguration>,
+        attributes: &std::collections::HashMap<String, envoy_types::pb::google::protobuf::Struct>,
     ) -> Vec<ProcessingResponse> {
         if let Some(p) = protocol {
             self.request_mode = BodyMode::from_proto(p.request_body_mode);
@@ -168,10 +190,23 @@ impl Exchange {
         let (path, headers) = convert_headers(h.headers.as_ref());
         self.path = path;
         self.headers = headers;
-        let config = self.shared.gw.registry.config();
+        let config = self.shared.gw.routes.snapshot().config.clone();
+        self.client = admit::client(self.grpc_peer, attributes, &self.headers, &config);
+        // Phase: admit, before any body is read (a wrong key costs nothing).
+        match self.admit() {
+            Ok(tags) => self.tags = Some(tags),
+            Err(e) => return self.refuse(&e),
+        }
         if crate::server::engine_routes::is_control(&config, &self.path) {
             let path = self.path.split('?').next().unwrap_or_default().to_string();
             return self.refuse(&crate::server::engine_routes::not_found(&path));
+        }
+        if let Some(e) = admit::stored_by_id(&self.path) {
+            return self.refuse(&e);
+        }
+        let method = header_value(h.headers.as_ref(), ":method").unwrap_or_default();
+        if let Some(id) = super::models::asked(method, &self.path) {
+            return self.answer_models(id).await;
         }
         if h.end_of_stream || self.request_mode == BodyMode::None {
             return self.route_by_path();
@@ -190,7 +225,42 @@ impl Exchange {
         }
     }
 
-    /// No body to route on: the worker the request's path hashes to.
+    /// Phase: admit. The tenant (its key), class and trace, as in proxy mode:
+    /// the request's tags.
+    fn admit(&mut self) -> Result<RequestTags, GatewayError> {
+        let gw = &self.shared.gw;
+        let config = gw.routes.snapshot().config.clone();
+        let request_id = self.request_id();
+        let caller = Caller {
+            gw,
+            config: &config,
+            headers: &self.headers,
+            request_id: &request_id,
+            client: self.client,
+        };
+        let (tags, own) = caller.admit()?;
+        self.own = own;
+        Ok(tags)
+    }
+
+    /// `GET /v1/models[/{id}]`: answered by the picker, filtered for the caller.
+    async fn answer_models(&mut self, id: Option<String>) -> Vec<ProcessingResponse> {
+        let tenant = match &self.tags {
+            Some(t) => t.tenant.clone(),
+            None => self.shared.gw.tenancy.load().anonymous(),
+        };
+        let gw = self.shared.gw.clone();
+        match super::models::answer(&gw, &tenant, id.as_deref()).await {
+            Ok(body) => {
+                self.closed = true;
+                vec![reply::immediate_json(body)]
+            }
+            Err(e) => self.refuse(&e),
+        }
+    }
+
+    /// No body to route on: the worker the request's path hashes to, for an
+    /// admitted caller.
     fn route_by_path(&mut self) -> Vec<ProcessingResponse> {
         let snap = self.shared.gw.routes.snapshot();
         match pick::by_path(&snap, &self.path) {
@@ -207,9 +277,17 @@ impl Exchange {
         }
     }
 
-    fn on_request_body(&mut self, chunk: Vec<u8>, end: bool) -> Vec<ProcessingResponse> {
+    async fn on_request_body(&mut self, chunk: Vec<u8>, end: bool) -> Vec<ProcessingResponse> {
         if self.routed.is_some() {
             return self.pass_request_body(chunk, end);
+        }
+        // A body before any headers (a confused data plane): admitted as
+        // headers without a key would be.
+        if self.tags.is_none() {
+            match self.admit() {
+                Ok(tags) => self.tags = Some(tags),
+                Err(e) => return self.refuse(&e),
+            }
         }
         let max = self.shared.gw.registry.config().server.max_body_bytes;
         if self.body.len() + chunk.len() > max {
@@ -219,15 +297,15 @@ impl Exchange {
         match (self.request_mode, end) {
             (BodyMode::FullDuplex, false) => Vec::new(),
             (BodyMode::Streamed, false) => vec![reply::continue_body(Side::Request)],
-            _ => self.route_body(end),
+            _ => self.route_body(end).await,
         }
     }
 
     /// The body is complete (`end`: with its last chunk; else trailers follow):
     /// decide, then answer as the mode requires.
-    fn route_body(&mut self, end: bool) -> Vec<ProcessingResponse> {
+    async fn route_body(&mut self, end: bool) -> Vec<ProcessingResponse> {
         let body = self.body.split().freeze();
-        let (endpoints, new_body) = match self.decide(&body) {
+        let (endpoints, new_body) = match self.decide(&body).await {
             Ok(c) => (c.endpoints(), c.body),
             Err(e) => return self.refuse(&e),
         };
@@ -257,10 +335,10 @@ impl Exchange {
         }
     }
 
-    fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
+    async fn on_request_trailers(&mut self) -> Vec<ProcessingResponse> {
         let mut out = Vec::new();
         if self.routed.is_none() && self.request_mode == BodyMode::FullDuplex {
-            out = self.route_body(false);
+            out = self.route_body(false).await;
             if self.closed {
                 return out;
             }
@@ -269,66 +347,40 @@ impl Exchange {
         out
     }
 
-    /// Phase: decide. Tenant and residency as in proxy mode, then the pick,
-    /// timed; the picked worker counts the request in flight from here.
-    fn decide(&mut self, body: &Bytes) -> Result<Choice, GatewayError> {
-        let gw = &self.shared.gw;
+    /// Phase: decide. Residency, the model, the tenant's permissions and
+    /// limits (its worst case reserved) as in proxy mode, then the pick; the
+    /// picked worker counts the request in flight from here.
+    async fn decide(&mut self, body: &Bytes) -> Result<Choice, GatewayError> {
+        let gw = self.shared.gw.clone();
         let snap = gw.routes.snapshot();
-        let tenant = gw
-            .tenancy
-            .load()
-            .resolve(&self.headers, crate::api::headers::Own::ANY, &gw.keys)
-            .map_err(GatewayError::from)?;
-        // The same cap as in proxy mode; the data plane is told the class given.
-        let priority = tenant
-            .claims
-            .priority(
-                self.headers
-                    .get(crate::api::headers::PRIORITY_HEADER)
-                    .map(|v| v.to_str().unwrap_or("\u{fffd}")),
-                &tenant.name,
-            )
-            .map_err(GatewayError::InvalidRequest)?;
-        let residency = request_residency(
-            &snap.config.global,
-            tenant.residency.as_ref(),
-            self.headers
-                .get(RESIDENCY_HEADER)
-                .map(|v| v.to_str().unwrap_or("\u{fffd}")),
-        )
-        .map_err(|value| GatewayError::InvalidResidency {
-            value,
-            known: "see the gateway's configuration".into(),
-        })?;
-        let t = crate::runtime::clock::now();
-        let choice = pick::decide(
-            &snap,
-            &self.headers,
-            body,
-            residency.as_ref(),
-            self.shared.fallbacks,
-            &tenant.name,
-        )?;
-        histogram!(names::EPP_DECISION_SECONDS).record(t.elapsed().as_secs_f64());
+        let mut tags = match self.tags.take() {
+            Some(t) => t,
+            None => self.admit()?,
+        };
+        let r = self.limit(&snap, body, &mut tags).await;
+        let r = r.and_then(|(r, residency)| {
+            let t = crate::runtime::clock::now();
+            let choice = pick::choose(
+                r,
+                &self.headers,
+                residency.as_ref(),
+                self.shared.fallbacks,
+                &tags.tenant.name,
+            )?;
+            histogram!(names::EPP_DECISION_SECONDS).record(t.elapsed().as_secs_f64());
+            Ok(choice)
+        });
+        let choice = match r {
+            Ok(c) => c,
+            Err(e) => {
+                // Refused with its tags: the admission (if any) settles as refused.
+                self.tags = Some(tags);
+                return Err(e);
+            }
+        };
         counter!(names::EPP_DECISIONS_TOTAL, names::L_RESULT => "picked", names::L_STATUS => "200")
             .increment(1);
-        let sample = snap
-            .config
-            .observability
-            .tracing
-            .as_ref()
-            .map(|t| t.sample_ratio);
-        let trace = TraceContext::from_headers(&self.headers, sample);
-        let mut tags = RequestTags::new(
-            &gw.sinks,
-            snap.config.clone(),
-            self.request_id(),
-            tenant,
-            trace,
-            &gw.drain,
-        );
         tags.pool = Some(choice.route.pool.metrics.name.clone());
-        tags.priority = priority;
         tags.request_bytes = body.len() as u64;
         tags.stream = choice.info.stream;
         let index = choice.picked[0];
@@ -350,6 +402,66 @@ impl Exchange {
         Ok(choice)
     }
 
+    /// The request resolved and held to its tenant's rules before any pick:
+    /// residency, the model (and its path's allow-list), no stored-state
+    /// continuation, the objective headers as the tenant may set them, then
+    /// `allowed_models` and the limits (the admission rides in `tags`).
+    async fn limit(
+        &mut self,
+        snap: &crate::routes::Snapshot,
+        body: &Bytes,
+        tags: &mut RequestTags,
+    ) -> Result<(pick::Resolved, Option<crate::config::Residency>), GatewayError> {
+        let server = &snap.config.server;
+        api::inspect::check_depth(body, server.max_json_depth).map_err(|e| match e {
+            api::inspect::InspectError::TooDeep(n) => GatewayError::JsonTooDeep(n),
+            api::inspect::InspectError::Malformed(m) => GatewayError::MalformedJson(m),
+        })?;
+        let tenant = tags.tenant.clone();
+        let residency = request_residency(
+            &snap.config.global,
+            tenant.residency.as_ref(),
+            self.own
+                .get(&self.headers, crate::api::headers::Name::Residency)
+                .map(|v| v.to_str().unwrap_or("\u{fffd}")),
+        )
+        .map_err(|value| GatewayError::InvalidResidency {
+            value,
+            known: "see the gateway's configuration".into(),
+        })?;
+        let mut r = pick::resolve(snap, &self.headers, body, residency.as_ref())?;
+        self.known = Some(r.route.clone());
+        let endpoint = self.endpoint();
+        if endpoint == Endpoint::Responses && r.info.previous_response_id.is_some() {
+            return Err(admit::continuation());
+        }
+        let path = self.path.split('?').next().unwrap_or_default();
+        if endpoint == Endpoint::Other && !api::inspect::MODEL_PATHS.contains(&path) {
+            crate::server::engine_routes::admit(path, &r.route.pool.config, &tenant)?;
+        }
+        let asked = api::Slo::from_headers(&self.headers, self.own, api::Slo::default())
+            .map_err(GatewayError::InvalidRequest)?;
+        r.info.slo = tenant.claims.slo(asked, tenant.slo, &tenant.name);
+        let sent = r.body.clone().unwrap_or_else(|| body.clone());
+        let admitted = crate::server::admit_limits(
+            &self.shared.gw,
+            snap,
+            endpoint,
+            &r.route,
+            &r.info,
+            &sent,
+            &tenant,
+        )
+        .await?;
+        tags.admitted = admitted.map(Box::new);
+        Ok((r, residency))
+    }
+
+    /// The endpoint the request's path names.
+    fn endpoint(&self) -> Endpoint {
+        Endpoint::from_path(self.path.split('?').next().unwrap_or_default())
+    }
+
     fn request_id(&self) -> HeaderValue {
         self.headers
             .get(crate::proxy::REQUEST_ID_HEADER)
@@ -360,12 +472,31 @@ impl Exchange {
             })
     }
 
-    /// Answer the client with `e` (through the data plane) and stop.
+    /// Answer the client with `e` (through the data plane) and stop: counted,
+    /// and written to the access log with the tenant (`anonymous` before one
+    /// was proven) and the client's address.
     fn refuse(&mut self, e: &GatewayError) -> Vec<ProcessingResponse> {
         let status = e.status().as_u16();
-        counter!(names::EPP_DECISIONS_TOTAL, names::L_RESULT => e.reason(), names::L_STATUS => telemetry::status_label(status))
+        counter!(names::EPP_DECISIONS_TOTAL, names::L_RESULT => e.reason(), names::L_STATUS => crate::telemetry::status_label(status))
             .increment(1);
-        telemetry::record_gateway_error(None, e.reason(), status);
+        let tags = match self.tags.take() {
+            Some(t) => t,
+            None => {
+                let gw = &self.shared.gw;
+                let config = gw.routes.snapshot().config.clone();
+                let request_id = self.request_id();
+                Caller {
+                    gw,
+                    config: &config,
+                    headers: &self.headers,
+                    request_id: &request_id,
+                    client: self.client,
+                }
+                .anonymous()
+            }
+        };
+        let model = self.known.as_ref().map(|r| &*r.model);
+        admit::finish_refused(&tags, e, self.endpoint(), model, self.start);
         tracing::debug!(path = %self.path, reason = e.reason(), "picker refused the request");
         self.closed = true;
         vec![reply::immediate(e)]
@@ -384,13 +515,18 @@ impl Exchange {
         let served = metadata.and_then(|m| {
             reply::metadata_str(&m.filter_metadata, reply::LB_NAMESPACE, reply::SERVED)
         });
+        // The tenant's rate-limit headers, as the proxy adds them.
+        let mut add = HeaderMap::new();
         if let Some(r) = self.routed.take() {
+            if let Some(a) = &r.tags.admitted {
+                a.headers.write(&mut add);
+            }
             self.observer = Some(self.observe(r, status, sse, served));
         }
         if h.end_of_stream {
             self.finish_response();
         }
-        vec![reply::continue_headers(Side::Response)]
+        vec![reply::continue_response_headers(&add)]
     }
 
     /// The response observer for the worker that served: the pick, or the

@@ -8,12 +8,16 @@
 //! itself; where it shows the picker the response, the proxy's response observer
 //! records TTFT, inter-token gaps and tokens.
 //!
-//! `exchange.rs` holds the per-stream state machine, `pick.rs` the decision,
+//! `exchange.rs` holds the per-stream state machine, `admit.rs` the proxy's
+//! admission rules (tenant, class, client address, stored-state refusals),
+//! `models.rs` the model list it answers itself, `pick.rs` the decision,
 //! `reply.rs` the protobuf answers, `service.rs` the tonic service, `health.rs`
 //! the gRPC health service.
 
+mod admit;
 mod exchange;
 mod health;
+mod models;
 pub mod pick;
 pub mod reply;
 mod service;

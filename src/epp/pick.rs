@@ -81,6 +81,26 @@ pub fn decide(
     fallbacks: usize,
     tenant: &str,
 ) -> Result<Choice, GatewayError> {
+    let r = resolve(snap, headers, body, residency)?;
+    choose(r, headers, residency, fallbacks, tenant)
+}
+
+/// A request's body inspected and its model resolved, before any pick: what
+/// the tenant's permissions and limits are checked against.
+pub struct Resolved {
+    pub route: Arc<ModelRoute>,
+    pub info: RequestInfo,
+    /// The body to send upstream instead, when it must change.
+    pub body: Option<Bytes>,
+}
+
+/// Inspect `body` and resolve its model (aliases, splits) to a route.
+pub fn resolve(
+    snap: &Snapshot,
+    headers: &HeaderMap,
+    body: &Bytes,
+    residency: Option<&Residency>,
+) -> Result<Resolved, GatewayError> {
     let info = api::inspect(body).map_err(|e| match e {
         api::inspect::InspectError::Malformed(m) => GatewayError::MalformedJson(m),
         api::inspect::InspectError::TooDeep(limit) => GatewayError::JsonTooDeep(limit),
@@ -104,6 +124,27 @@ pub fn decide(
             Some(m),
         )?);
     }
+    Ok(Resolved {
+        route,
+        info,
+        body: new_body,
+    })
+}
+
+/// The pick for a resolved request: the route's policy (or the override the
+/// pool allows), then up to `fallbacks` further workers; recorded.
+pub fn choose(
+    r: Resolved,
+    headers: &HeaderMap,
+    residency: Option<&Residency>,
+    fallbacks: usize,
+    tenant: &str,
+) -> Result<Choice, GatewayError> {
+    let Resolved {
+        route,
+        info,
+        body: new_body,
+    } = r;
     let asked = headers.get(POLICY_HEADER).and_then(|v| v.to_str().ok());
     let policy = match asked.map(|n| route.override_policy(n)) {
         Some(Some(p)) => p,

@@ -65,6 +65,27 @@ pub fn continue_headers(side: Side) -> ProcessingResponse {
     headers_response(side, CommonResponse::default())
 }
 
+/// Response headers pass with `add` set (the tenant's rate-limit headers).
+pub fn continue_response_headers(add: &http::HeaderMap) -> ProcessingResponse {
+    if add.is_empty() {
+        return continue_headers(Side::Response);
+    }
+    let set_headers = add
+        .iter()
+        .filter_map(|(k, v)| Some(set_header(k.as_str(), v.to_str().ok()?)))
+        .collect();
+    headers_response(
+        Side::Response,
+        CommonResponse {
+            header_mutation: Some(HeaderMutation {
+                set_headers,
+                remove_headers: Vec::new(),
+            }),
+            ..Default::default()
+        },
+    )
+}
+
 /// A body chunk passes unchanged (buffered and streamed modes).
 pub fn continue_body(side: Side) -> ProcessingResponse {
     body_response(side, CommonResponse::default())
@@ -194,6 +215,21 @@ pub fn immediate(e: &GatewayError) -> ProcessingResponse {
         }),
         body: resp.into_body().to_vec(),
         details: format!("switchyard_epp_{}", e.reason()),
+        ..Default::default()
+    }))
+}
+
+/// The data plane answers the client itself with `body`, a JSON `200` (the
+/// model list the picker serves as the proxy does).
+pub fn immediate_json(body: Vec<u8>) -> ProcessingResponse {
+    wrap(Response::ImmediateResponse(ImmediateResponse {
+        status: Some(HttpStatus { code: 200 }),
+        headers: Some(HeaderMutation {
+            set_headers: vec![set_header("content-type", "application/json")],
+            remove_headers: Vec::new(),
+        }),
+        body,
+        details: "switchyard_epp_models".into(),
         ..Default::default()
     }))
 }

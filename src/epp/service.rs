@@ -27,11 +27,12 @@ impl ExternalProcessor for Picker {
         &self,
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
+        let peer = request.remote_addr().map(|a| a.ip());
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(ANSWERS_QUEUED);
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let mut ex = Exchange::new(shared);
+            let mut ex = Exchange::new(shared, peer);
             loop {
                 let msg = match inbound.message().await {
                     Ok(Some(m)) => m,
@@ -41,7 +42,7 @@ impl ExternalProcessor for Picker {
                         break;
                     }
                 };
-                for answer in ex.on_message(msg) {
+                for answer in ex.on_message(msg).await {
                     if tx.send(Ok(answer)).await.is_err() {
                         return;
                     }

@@ -105,6 +105,13 @@ pub enum GatewayError {
         /// `previous_response_id` when the id came in the body.
         param: Option<&'static str>,
     },
+    /// A stored-response call (by id, or continuing `previous_response_id`)
+    /// reached the Endpoint Picker, which cannot bind ids to their tenant.
+    #[error("{what} needs the gateway's proxy mode (`switchyard serve`): the Endpoint Picker cannot bind stored response ids to the tenant that created them")]
+    ProxyModeOnly {
+        what: &'static str,
+        param: Option<&'static str>,
+    },
     /// No worker is predicted to meet the request's latency objective and the
     /// pool sheds such requests.
     #[error("No worker of model `{model}` is predicted to meet this request's latency objective (best predicted time to first token {predicted_ttft_ms} ms); retry later or relax x-slo-ttft-ms / x-slo-tpot-ms")]
@@ -138,7 +145,7 @@ impl GatewayError {
             BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            UnsupportedTransferEncoding(_) => StatusCode::NOT_IMPLEMENTED,
+            UnsupportedTransferEncoding(_) | ProxyModeOnly { .. } => StatusCode::NOT_IMPLEMENTED,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             TenantNeedsKey | MissingApiKey | InvalidApiKey => StatusCode::UNAUTHORIZED,
             ModelNotAllowed(_) | ControlRouteForbidden(_) => StatusCode::FORBIDDEN,
@@ -191,6 +198,7 @@ impl GatewayError {
             NotFound(_) => "not_found",
             ResponseOwnerGone(_) => "response_owner_gone",
             UnknownResponse { .. } => "unknown_response",
+            ProxyModeOnly { .. } => "proxy_mode_only",
             ResponseOwnerUnavailable { .. } => "response_owner_unavailable",
             NoHealthyWorker(_) => "no_healthy_worker",
             ResidencyUnavailable { .. } => "residency_unavailable",
@@ -234,6 +242,7 @@ impl GatewayError {
             | UnknownModel(_)
             | NotFound(_)
             | UnknownResponse { .. }
+            | ProxyModeOnly { .. }
             | BodyTooLarge(_)
             | InvalidResidency { .. } => "client",
             NoHealthyWorker(_)
@@ -320,6 +329,7 @@ impl GatewayError {
             ControlRouteForbidden(_) => (None, Some("control_route_forbidden")),
             ResponseOwnerGone(_) => (Some("previous_response_id"), Some("response_owner_gone")),
             UnknownResponse { param, .. } => (*param, Some("response_not_found")),
+            ProxyModeOnly { param, .. } => (*param, Some("proxy_mode_required")),
             ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),
             ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
             InvalidResidency { .. } => (None, Some("invalid_residency")),

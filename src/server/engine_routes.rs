@@ -65,7 +65,7 @@ pub fn not_found(path: &str) -> GatewayError {
 
 /// A request on an extra path, resolved to `pool`: forwarded if the pool takes
 /// the path from this caller.
-pub(super) fn admit(path: &str, pool: &PoolConfig, tenant: &Tenant) -> Result<(), GatewayError> {
+pub fn admit(path: &str, pool: &PoolConfig, tenant: &Tenant) -> Result<(), GatewayError> {
     if DEFAULT_FORWARD_ROUTES.contains(&path) || listed(&pool.forward_routes, path) {
         return Ok(());
     }

@@ -519,9 +519,8 @@ impl<'a> Inbound<'a> {
         Ok((route, body))
     }
 
-    /// Phase: limit. The tenant may use the model its request resolved to, and
-    /// the request fits the tenant's limits (tokens estimated from the body);
-    /// the admission rides in the tags, so the request's end settles it.
+    /// Phase: limit ([`admit_limits`]); the admission rides in the tags, so
+    /// the request's end settles it.
     async fn limit(
         &self,
         route: &ModelRoute,
@@ -529,53 +528,20 @@ impl<'a> Inbound<'a> {
         body: &Bytes,
         tags: &mut Arc<RequestTags>,
     ) -> Result<(), GatewayError> {
-        let tenant = &tags.tenant;
-        if tenant.policy.is_none() {
-            return Ok(());
-        }
-        if !tenant.allows(&route.model) {
-            let model = info.model.as_deref().unwrap_or(&route.model);
-            return Err(refused_by_tenancy(GatewayError::ModelNotAllowed(
-                api::error::echo(model),
-            )));
-        }
-        let ask = if tenant.reserves(&route.model) {
-            let prompt = self.prompt_tokens(route, info, body);
-            let cfg = &self.snap.config;
-            let pricing = crate::tenancy::limits::Pricing {
-                default_max_tokens: cfg.tenancy.limits.default_max_tokens,
-                prices: &cfg.observability.prices,
-            };
-            let (model, pool) = (&*route.model, &*route.pool.name);
-            pricing.worst_case(tenant, (model, pool), self.endpoint, info, prompt)
-        } else {
-            Default::default()
-        };
-        let admitted = self
-            .gw
-            .limits
-            .admit(tenant, &route.model, ask)
-            .await
-            .map_err(|r| refused_by_tenancy(GatewayError::Limited(r)))?;
+        let admitted = admit_limits(
+            self.gw,
+            self.snap,
+            self.endpoint,
+            route,
+            info,
+            body,
+            &tags.tenant,
+        )
+        .await?;
         if let Some(t) = unshared(tags) {
             t.admitted = admitted.map(Box::new);
         }
         Ok(())
-    }
-
-    /// A request's prompt tokens: exactly, with the pool's tokenizer (its
-    /// segment cache makes the routing's later count nearly free), else estimated.
-    fn prompt_tokens(&self, route: &ModelRoute, info: &api::RequestInfo, body: &Bytes) -> u64 {
-        let exact = self
-            .gw
-            .registry
-            .prompt_tokenizer(&route.pool.name)
-            .and_then(|t| t.prompt_tokens(self.endpoint, body).ok())
-            .map(|t| t.len() as u64);
-        exact.unwrap_or_else(|| {
-            let text = info.routing_text.as_ref().map_or(0, |t| t.len());
-            crate::tenancy::limits::estimate_tokens(text, info.max_tokens, false)
-        })
     }
 
     /// The forwarding context of a resolved request (no pinned worker, no
@@ -661,8 +627,68 @@ impl<'a> Inbound<'a> {
     }
 }
 
+/// The tenant may use the model its request resolved to, and the request fits
+/// the tenant's limits, its worst case reserved (prompt tokens exactly with the
+/// pool's tokenizer, else estimated from the body). Shared by the proxy and the
+/// Endpoint Picker; `None` when no limit applies.
+pub(crate) async fn admit_limits(
+    gw: &Gateway,
+    snap: &Snapshot,
+    endpoint: Endpoint,
+    route: &ModelRoute,
+    info: &api::RequestInfo,
+    body: &Bytes,
+    tenant: &Tenant,
+) -> Result<Option<crate::tenancy::limits::Admitted>, GatewayError> {
+    if tenant.policy.is_none() {
+        return Ok(None);
+    }
+    if !tenant.allows(&route.model) {
+        let model = info.model.as_deref().unwrap_or(&route.model);
+        return Err(refused_by_tenancy(GatewayError::ModelNotAllowed(
+            api::error::echo(model),
+        )));
+    }
+    let ask = if tenant.reserves(&route.model) {
+        let prompt = prompt_tokens(gw, endpoint, route, info, body);
+        let cfg = &snap.config;
+        let pricing = crate::tenancy::limits::Pricing {
+            default_max_tokens: cfg.tenancy.limits.default_max_tokens,
+            prices: &cfg.observability.prices,
+        };
+        let (model, pool) = (&*route.model, &*route.pool.name);
+        pricing.worst_case(tenant, (model, pool), endpoint, info, prompt)
+    } else {
+        Default::default()
+    };
+    gw.limits
+        .admit(tenant, &route.model, ask)
+        .await
+        .map_err(|r| refused_by_tenancy(GatewayError::Limited(r)))
+}
+
+/// A request's prompt tokens: exactly, with the pool's tokenizer (its
+/// segment cache makes the routing's later count nearly free), else estimated.
+fn prompt_tokens(
+    gw: &Gateway,
+    endpoint: Endpoint,
+    route: &ModelRoute,
+    info: &api::RequestInfo,
+    body: &Bytes,
+) -> u64 {
+    let exact = gw
+        .registry
+        .prompt_tokenizer(&route.pool.name)
+        .and_then(|t| t.prompt_tokens(endpoint, body).ok())
+        .map(|t| t.len() as u64);
+    exact.unwrap_or_else(|| {
+        let text = info.routing_text.as_ref().map_or(0, |t| t.len());
+        crate::tenancy::limits::estimate_tokens(text, info.max_tokens, false)
+    })
+}
+
 /// A refusal by tenancy (key, model or limit), counted by reason.
-fn refused_by_tenancy(e: GatewayError) -> GatewayError {
+pub(crate) fn refused_by_tenancy(e: GatewayError) -> GatewayError {
     metrics::counter!(telemetry::names::LIMIT_REFUSALS_TOTAL, telemetry::names::L_REASON => e.reason())
         .increment(1);
     e

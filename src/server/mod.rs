@@ -3,15 +3,17 @@
 
 pub mod admin;
 mod admin_keys;
-mod client_addr;
+pub(crate) mod client_addr;
 mod conn;
 mod cors;
 pub mod dashboard;
 pub mod engine_routes;
 mod handlers;
+pub(crate) use handlers::{admit_limits, refused_by_tenancy};
 pub mod listen;
 pub use handlers::metrics_text;
 mod models;
+pub(crate) use models::list as model_list;
 mod reload;
 mod request_id;
 pub mod shards;
