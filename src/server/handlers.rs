@@ -917,6 +917,11 @@ pub async fn health() -> &'static str {
 /// replica unready at once over a routing-quality fault would be an outage.
 pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
     let ready = !gw.is_shutting_down() && gw.routes.snapshot().is_ready();
+    ready_answer(&gw, ready)
+}
+
+/// `/ready`'s answer (also the picker's): the status and the JSON detail.
+pub fn ready_answer(gw: &Gateway, ready: bool) -> Response {
     let kv = crate::pool::block_size::statuses(&gw.registry.snapshot());
     let warnings: Vec<String> = kv
         .iter()

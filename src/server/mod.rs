@@ -10,7 +10,7 @@ pub mod dashboard;
 pub mod engine_routes;
 mod handlers;
 pub mod listen;
-pub use handlers::metrics_text;
+pub use handlers::{metrics_text, ready_answer};
 mod models;
 mod reload;
 mod request_id;
