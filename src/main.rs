@@ -36,6 +36,12 @@ enum Command {
         /// still checked.
         #[arg(long)]
         no_secrets: bool,
+        /// Also contact each configured worker of a pool with KV events once
+        /// (its `/metrics`, 2 s timeout) and fail when the KV block size it
+        /// serves differs from `[pools.kv_events] block_size` or from the
+        /// pool's other engines. Without it nothing is contacted.
+        #[arg(long)]
+        probe: bool,
     },
     /// Run simulated vLLM/SGLang engines.
     Sim(Box<switchyard::sim::SimArgs>),
@@ -223,13 +229,21 @@ fn main() -> ExitCode {
             Command::Epp(a) => switchyard::epp::run(a, shutdown_signal()).await,
             Command::Demo(a) => switchyard::demo::run(a, shutdown_signal()).await,
             Command::Tokenize(_) => unreachable!("handled before the runtime starts"),
-            Command::CheckConfig { file, no_secrets } => {
+            Command::CheckConfig {
+                file,
+                no_secrets,
+                probe,
+            } => {
                 let secrets = if no_secrets {
                     switchyard::config::Secrets::Optional
                 } else {
                     switchyard::config::Secrets::Required
                 };
-                println!("{}", cli::check_config(&file, secrets)?);
+                if probe {
+                    println!("{}", cli::check_config_probe(&file, secrets).await?);
+                } else {
+                    println!("{}", cli::check_config(&file, secrets)?);
+                }
                 Ok(())
             }
             Command::Health(a) => {

@@ -2,8 +2,10 @@
 //! `health`, and the version string.
 
 mod health;
+mod probe;
 
 pub use health::{probe as health_probe, HealthArgs};
+pub use probe::{check_config_probe, PROBE_TIMEOUT};
 
 use crate::config::{self, Config, PolicyKind, RawConfig, RawPool, RawWorker, Secrets};
 use clap::builder::PossibleValuesParser;

@@ -32,7 +32,7 @@ use axum::routing::get;
 use axum::Router;
 use clap::Args;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderValue};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -188,10 +188,7 @@ async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
         .into_response()
 }
 
+/// The gateway's `/ready` answer: status and JSON detail (KV block sizes).
 async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    if gw.routes.snapshot().is_ready() {
-        (StatusCode::OK, "ready").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
-    }
+    server::ready_answer(&gw, gw.routes.snapshot().is_ready())
 }

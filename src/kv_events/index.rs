@@ -175,6 +175,13 @@ impl KvIndex {
         (self.block_size.load(Ordering::Relaxed) & !LEARN) as usize
     }
 
+    /// Tokens per block once set: configured, or learned from an engine;
+    /// `None` while still learning.
+    pub fn pinned_block_size(&self) -> Option<usize> {
+        let v = self.block_size.load(Ordering::Relaxed);
+        (v & LEARN == 0).then_some(v as usize)
+    }
+
     /// An engine reports `engine` tokens per block: `true` when that is the
     /// index's size, which the first report sets (and pins) while learning.
     pub fn adopt_block_size(&self, engine: usize) -> bool {

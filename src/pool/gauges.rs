@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 /// Set the worker gauges from their atomics.
 pub fn refresh(snap: &PoolSet) {
+    super::block_size::refresh_gauges(snap);
     let now = crate::runtime::clock::now_ms();
     for w in snap.workers() {
         let id = SharedString::from(w.id.clone());

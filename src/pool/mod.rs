@@ -4,6 +4,7 @@
 //! stats) keep the workers' state current.
 
 mod addresses;
+pub mod block_size;
 pub mod dcgm;
 pub mod discovery;
 mod dns;

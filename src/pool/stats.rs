@@ -43,8 +43,11 @@ pub struct Scraped {
     /// KV-cache usage, 0..=1.
     pub kv_usage: Option<f64>,
     pub num_gpu_blocks: Option<u64>,
-    /// Tokens per engine KV block.
+    /// Tokens per engine KV block, as the capacity counts them (SGLang: 1).
     pub block_size: Option<u64>,
+    /// Tokens per block the engine's prefix cache hashes (and its KV events
+    /// report): vLLM's `block_size`, SGLang's `page_size`.
+    pub kv_block_size: Option<u64>,
     pub prefix_hits: Option<f64>,
     pub prefix_queries: Option<f64>,
     /// Cumulative prompt tokens the engine received (`vllm:prompt_tokens_total`).
@@ -124,7 +127,17 @@ pub fn parse_metrics(text: &str) -> Scraped {
                 }
                 if let Some(b) = label(labels, "block_size").and_then(|v| v.parse().ok()) {
                     s.block_size = Some(b);
+                    s.kv_block_size = Some(b);
                 }
+            }
+            // SGLang's info gauge (`page_size`, `num_pages` labels), later two gauges.
+            "sglang:cache_config_info" => {
+                if let Some(b) = label(labels, "page_size").and_then(|v| v.parse().ok()) {
+                    s.kv_block_size = Some(b);
+                }
+            }
+            "sglang:page_size" if value.is_finite() && value >= 1.0 => {
+                s.kv_block_size = Some(value as u64);
             }
             "sglang:max_total_num_tokens" if value.is_finite() && value >= 0.0 => {
                 // SGLang counts its KV pool in tokens.
@@ -199,6 +212,12 @@ pub struct WorkerStats {
     pub num_gpu_blocks: AtomicU64,
     /// Tokens per engine KV block, 0 when unknown.
     pub block_size: AtomicU64,
+    /// Tokens per block of the engine's prefix cache as its `/metrics` says
+    /// ([`Scraped::kv_block_size`]), 0 when it does not.
+    pub kv_block_size: AtomicU64,
+    /// The reported size last logged as disagreeing with its pool's, 0 when
+    /// none is (a log line once per change: `pool/block_size.rs`).
+    pub kv_block_size_flagged: AtomicU64,
     /// Cumulative prefix-cache hits and queries as reported by the engine (tokens).
     pub prefix_hits: AtomicU64,
     pub prefix_queries: AtomicU64,
@@ -315,6 +334,9 @@ impl WorkerStats {
         }
         if let Some(b) = s.block_size {
             self.block_size.store(b, Ordering::Relaxed);
+        }
+        if let Some(b) = s.kv_block_size {
+            self.kv_block_size.store(b, Ordering::Relaxed);
         }
         if let Some(h) = s.prefix_hits {
             self.prefix_hits.store(h as u64, Ordering::Relaxed);
@@ -604,6 +626,9 @@ async fn poll_worker(
         match tokio::time::timeout(limit, scrape(&client, &uri, auth.as_deref())).await {
             Ok(Ok(s)) if s.is_useful() => {
                 w.state.stats.store_marked(&s, now_ms(), mark);
+                if s.kv_block_size.is_some() {
+                    super::block_size::observe(&registry.snapshot(), &w);
+                }
                 // The scrape may show room: a held request gets a turn.
                 registry.kick_queues();
             }
@@ -653,6 +678,21 @@ async fn scrape(
     auth: Option<&http::HeaderValue>,
 ) -> anyhow::Result<Scraped> {
     Ok(parse_metrics(&fetch_text(client, uri, auth).await?))
+}
+
+/// One scrape of `worker`'s `/metrics` (`check-config --probe`): what it says
+/// within `limit`.
+pub async fn scrape_once(
+    client: &UpstreamClient,
+    worker: &str,
+    auth: Option<&http::HeaderValue>,
+    limit: Duration,
+) -> anyhow::Result<Scraped> {
+    let uri = format!("{}/metrics", worker.trim_end_matches('/'));
+    match tokio::time::timeout(limit, scrape(client, &uri, auth)).await {
+        Ok(r) => r,
+        Err(_) => anyhow::bail!("no answer within {limit:?}"),
+    }
 }
 
 /// GET `uri` and read its body as text (at most [`MAX_METRICS_BYTES`]).
@@ -746,7 +786,21 @@ process_start_time_seconds 1.76471123456e+09
             (Some(4.0), Some(6.0), Some(0.25))
         );
         assert_eq!((s.num_gpu_blocks, s.block_size), (Some(500_000), Some(1)));
+        assert_eq!(s.kv_block_size, None, "a token count is not a page size");
         assert!(!parse_metrics("up 1\nnode_load1 3\n").is_useful());
+    }
+
+    #[test]
+    fn the_prefix_cache_block_size_comes_from_each_dialect() {
+        let kv = |t: &str| parse_metrics(t).kv_block_size;
+        let vllm = "vllm:cache_config_info{block_size=\"128\",num_gpu_blocks=\"9\"} 1\n";
+        assert_eq!(kv(vllm), Some(128));
+        let info = "sglang:cache_config_info{num_pages=\"100\",page_size=\"64\"} 1\n";
+        assert_eq!(kv(info), Some(64));
+        assert_eq!(kv("sglang:page_size{model_name=\"q\"} 32\n"), Some(32));
+        assert_eq!(kv("sglang:page_size 0\nsglang:page_size NaN\n"), None);
+        let s = parse_metrics(&format!("{info}sglang:max_total_num_tokens 500\n"));
+        assert_eq!((s.kv_block_size, s.block_size), (Some(64), Some(1)));
     }
 
     #[test]

@@ -935,14 +935,35 @@ pub async fn health() -> &'static str {
     "ok"
 }
 
-/// `GET /ready`: every model has a worker that can take a request, and the
-/// gateway is not shutting down.
+/// `GET /ready`: 200 when every model has a worker that can take a request and
+/// the gateway is not shutting down, else 503. The JSON body says which, and
+/// each pool's KV block size (`pool/block_size.rs`): engines disagreeing with
+/// their pool are named, with a warning line each. They leave the status at
+/// 200: the pool still serves (on the approximate index), and turning every
+/// replica unready at once over a routing-quality fault would be an outage.
 pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    if !gw.is_shutting_down() && gw.routes.snapshot().is_ready() {
-        (StatusCode::OK, "ready").into_response()
+    let ready = !gw.is_shutting_down() && gw.routes.snapshot().is_ready();
+    ready_answer(&gw, ready)
+}
+
+/// `/ready`'s answer (also the picker's): the status and the JSON detail.
+pub fn ready_answer(gw: &Gateway, ready: bool) -> Response {
+    let kv = crate::pool::block_size::statuses(&gw.registry.snapshot());
+    let warnings: Vec<String> = kv
+        .iter()
+        .flat_map(|s| s.mismatches.iter().map(|m| s.describe(m)))
+        .collect();
+    let status = if ready {
+        StatusCode::OK
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
-    }
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "status": if ready { "ready" } else { "not ready" },
+        "kv_block_size": kv,
+        "warnings": warnings,
+    });
+    (status, Json(body)).into_response()
 }
 
 /// The exposition text: scrape-time gauges refreshed, then every family.

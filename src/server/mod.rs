@@ -11,7 +11,7 @@ pub mod engine_routes;
 mod handlers;
 pub(crate) use handlers::{admit_limits, refused_by_tenancy};
 pub mod listen;
-pub use handlers::metrics_text;
+pub use handlers::{metrics_text, ready_answer};
 mod models;
 pub(crate) use models::list as model_list;
 mod reload;

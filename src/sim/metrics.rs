@@ -342,6 +342,18 @@ pub fn render(kind: EngineKind, model: &str, s: &Stats) -> String {
                 g(&s.waiting),
             );
             o.scalar(
+                "sglang:page_size",
+                "gauge",
+                "KV cache page size in tokens.",
+                s.block_size as f64,
+            );
+            o.scalar(
+                "sglang:num_pages",
+                "gauge",
+                "Number of KV cache pages.",
+                s.num_blocks as f64,
+            );
+            o.scalar(
                 "sglang:num_used_tokens",
                 "gauge",
                 "The number of used tokens.",
@@ -437,6 +449,21 @@ pub fn render(kind: EngineKind, model: &str, s: &Stats) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_dialects_report_the_block_size_the_gateway_reads() {
+        let s = Stats::new(64, 128);
+        for kind in [EngineKind::Vllm, EngineKind::Sglang] {
+            let text = render(kind, "m", &s);
+            let found = text.lines().any(|l| match kind {
+                EngineKind::Vllm => {
+                    l.starts_with("vllm:cache_config_info{") && l.contains("block_size=\"128\"")
+                }
+                EngineKind::Sglang => l.starts_with("sglang:page_size{") && l.contains("} 128"),
+            });
+            assert!(found, "{kind:?}: {text}");
+        }
+    }
 
     #[test]
     fn histogram_is_cumulative() {

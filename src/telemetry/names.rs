@@ -117,6 +117,7 @@ pub const KV_INDEX_LAG_SECONDS: &str = "switchyard_kv_index_lag_seconds";
 pub const KV_WORKER_STATE: &str = "switchyard_kv_worker_state";
 pub const KV_ENGINE_START_SECONDS: &str = "switchyard_kv_engine_start_time_seconds";
 pub const KV_INDEX_LOOKUP_MISMATCH_TOTAL: &str = "switchyard_kv_index_lookup_mismatch_total";
+pub const KV_BLOCK_SIZE_MISMATCH: &str = "switchyard_kv_block_size_mismatch";
 pub const L_MEDIUM: &str = "medium";
 pub const POOL_IMBALANCE_RATIO: &str = "switchyard_pool_imbalance_ratio";
 pub const POOL_IDLE_WORKERS: &str = "switchyard_pool_idle_workers";
@@ -294,6 +295,10 @@ fn describe_kv_events() {
     describe_counter!(
         KV_REFUSALS_TOTAL,
         "Workers whose events do not fit the pool's configuration, by reason (block_size, token_ids): the pool routes on the approximate index."
+    );
+    describe_gauge!(
+        KV_BLOCK_SIZE_MISMATCH,
+        "Workers of the pool whose engine reports a KV block size other than the pool's (configured or learned): their events are refused and the pool routes on the approximate index."
     );
     describe_gauge!(
         KV_INDEX_BLOCKS,

@@ -57,6 +57,8 @@ pub struct Status {
     pub series: Vec<SecondAgg>,
     pub cache: Vec<CacheView>,
     pub cost: CostView,
+    /// Each pool's KV block size and the engines that disagree with it.
+    pub kv_block_size: Vec<crate::pool::block_size::PoolBlockSize>,
 }
 
 /// Build the status document.
@@ -91,6 +93,7 @@ pub fn status_of(gw: &Gateway) -> Status {
             })
             .collect(),
         cost,
+        kv_block_size: crate::pool::block_size::statuses(&gw.registry.snapshot()),
     }
 }
 
