@@ -571,3 +571,61 @@ async fn the_picker_caps_priority_too() {
         Err(401)
     );
 }
+
+/// A pool forwarding `x-switchyard-priority` tells its upstream the class the
+/// gateway granted, never the client's ask; the `x-slo-*` headers the client
+/// sent reach the upstream only as far as they were honoured.
+#[tokio::test]
+async fn the_upstream_sees_the_granted_claims_not_the_asked_ones() {
+    let (up, _tx) = support::scripted::Scripted::start().await;
+    let gw = serve(
+        "fwd-claims",
+        &support::pool_toml(
+            "scripted",
+            &[up.url.as_str()],
+            "forward_headers = [\"x-switchyard-priority\"]",
+        ),
+    )
+    .await;
+    let b = json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]});
+    let asked = [
+        ("x-switchyard-priority", "critical"),
+        ("x-slo-ttft-ms", "5"),
+        ("x-slo-tpot-ms", "1"),
+    ];
+    assert_eq!(post(&gw.url, &asked, &b).await.0, 200);
+    assert_eq!(post(&gw.url, &[], &b).await.0, 200);
+    let seen = up.recorded.lock().unwrap().headers.clone();
+    assert_eq!(seen.len(), 2);
+    // Anonymous callers are capped at `normal` and may not set objectives.
+    assert_eq!(seen[0]["x-switchyard-priority"], "normal", "{:?}", seen[0]);
+    assert!(!seen[0].contains_key("x-slo-ttft-ms"), "{:?}", seen[0]);
+    assert!(!seen[0].contains_key("x-slo-tpot-ms"), "{:?}", seen[0]);
+    // No ask: the class the request was scheduled with.
+    assert_eq!(seen[1]["x-switchyard-priority"], "normal", "{:?}", seen[1]);
+}
+
+/// With objectives allowed, the upstream sees the honoured values; a pool
+/// that does not forward the priority header never sees one.
+#[tokio::test]
+async fn honoured_objectives_are_forwarded_and_priority_stays_unless_allowed() {
+    let (up, _tx) = support::scripted::Scripted::start().await;
+    let gw = serve(
+        "fwd-slo",
+        &format!(
+            "[tenancy]\nanonymous_allow_slo_headers = true\nanonymous_max_priority = \"high\"\n{}",
+            support::pool_toml("scripted", &[up.url.as_str()], "")
+        ),
+    )
+    .await;
+    let b = json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]});
+    let asked = [
+        ("x-switchyard-priority", "critical"),
+        ("x-slo-tpot-ms", "900"),
+    ];
+    assert_eq!(post(&gw.url, &asked, &b).await.0, 200);
+    let seen = up.recorded.lock().unwrap().headers[0].clone();
+    assert_eq!(seen["x-slo-tpot-ms"], "900", "{seen:?}");
+    assert!(!seen.contains_key("x-slo-ttft-ms"), "{seen:?}");
+    assert!(!seen.contains_key("x-switchyard-priority"), "{seen:?}");
+}

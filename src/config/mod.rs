@@ -23,8 +23,8 @@ mod raw;
 mod read;
 mod resolve;
 mod secret;
-pub mod worker_url;
 mod warnings;
+pub mod worker_url;
 
 pub use flow::{FairnessKey, FlowConfig, Preemption, Priority};
 use key::Key;
