@@ -122,13 +122,25 @@ where
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
-    let result = match mode {
-        Mode::Json => inbound.serve(body, &mut tags, residency, &mut known).await,
-        // Rare paths are boxed: the common request's future stays small (it is
-        // moved whole, and nests the largest of these).
-        Mode::Stored => Box::pin(inbound.serve_stored(body, &mut tags, &mut known)).await,
-        Mode::Upload(upload) => {
-            Box::pin(inbound.serve_upload(upload, &mut tags, residency, &mut known)).await
+    let serving = async {
+        match mode {
+            Mode::Json => inbound.serve(body, &mut tags, residency, &mut known).await,
+            // Rare paths are boxed: the common request's future stays small (it is
+            // moved whole, and nests the largest of these).
+            Mode::Stored => Box::pin(inbound.serve_stored(body, &mut tags, &mut known)).await,
+            Mode::Upload(upload) => {
+                Box::pin(inbound.serve_upload(upload, &mut tags, residency, &mut known)).await
+            }
+        }
+    };
+    // A request with no answer yet at the drain deadline (its body, the queue,
+    // the upstream's first byte) is answered 503 rather than cut off.
+    let result = tokio::select! {
+        biased;
+        r = serving => r,
+        () = gw.drain.deadline() => {
+            gw.drain.count_refused();
+            Err(GatewayError::DrainDeadline)
         }
     };
     let mut resp = match result {

@@ -637,13 +637,15 @@ impl Gateway {
             tracing::info!(finished, "drained: {finished} requests finished");
             return;
         }
-        let aborted = r.at_deadline.saturating_sub(r.cut);
+        let aborted = r.at_deadline.saturating_sub(r.cut + r.refused);
         tracing::warn!(
             finished,
             cut = r.cut,
+            refused = r.refused,
             aborted,
-            "drain deadline reached: {finished} requests finished, cut {} streams at the deadline (each ended with an error event), {aborted} other requests aborted",
-            r.cut
+            "drain deadline reached: {finished} requests finished, cut {} streams at the deadline (each ended with an error event), answered {} requests still waiting with 503 drain_deadline, {aborted} other requests aborted",
+            r.cut,
+            r.refused
         );
     }
 }
