@@ -255,9 +255,13 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
         let noticed = match self.conn.admit(&req, self.limits) {
             Ok(n) => n,
             Err(e) => {
-                let anthropic = crate::api::Endpoint::from_path(req.uri().path()).is_anthropic();
-                let resp = handlers::refuse_for(&e, req.headers(), anthropic);
-                return Box::pin(std::future::ready(Ok(resp)));
+                let refused = handlers::Refused {
+                    gw: &self.gw,
+                    headers: req.headers(),
+                    path: req.uri().path(),
+                    peer: self.peer,
+                };
+                return Box::pin(std::future::ready(Ok(refused.answer(&e))));
             }
         };
         let origin = noticed
