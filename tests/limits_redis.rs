@@ -603,3 +603,52 @@ async fn spend_survives_a_redis_restart_with_aof() {
     assert_eq!((st, code.as_str()), (429, "daily_budget_usd"), "spend lost");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `serve` asks the limits' Redis once whether it persists spend: without
+/// AOF or RDB save points it warns that budgets are lost on a Redis restart;
+/// with AOF on it says so and does not warn.
+#[tokio::test]
+async fn a_redis_without_persistence_is_warned_about_at_start() {
+    let Some(bin) = redis_server() else { return };
+    let s = sims(1, 50.0).await;
+    let model = sim_model();
+    let (_bare, bare_port) = start_redis(&bin).await;
+    let dir = std::env::temp_dir().join(format!("switchyard-lr-warn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let aof_port = free_port();
+    let d = dir.to_str().unwrap();
+    let aof = ["--save", "", "--appendonly", "yes", "--dir", d];
+    let _aof = start_redis_on(&bin, aof_port, &aof).await;
+    let mut logs = Vec::new();
+    for (name, port) in [("lr-warn-bare", bare_port), ("lr-warn-aof", aof_port)] {
+        let toml = fault_config(&model, &s[0].url(), port, "open");
+        let stderr = dir.join(format!("{name}.stderr"));
+        let env = [
+            ("SY_LR_STALL_KEY", STALL_KEY),
+            ("SY_LR_RATE_KEY", RATE_KEY),
+            ("SY_LR_SPEND_KEY", SPEND_KEY),
+        ];
+        let gw = serve_binary_with(&config_file(name, &toml), &env, Some(&stderr)).await;
+        // The answer to the one question: a warning, or the AOF line.
+        let text = eventually(Duration::from_secs(20), "the persistence line", || {
+            let t = std::fs::read_to_string(&stderr).unwrap_or_default();
+            async move { t.contains("limits store (Redis)").then_some(t) }
+        })
+        .await;
+        logs.push(text);
+        drop(gw);
+    }
+    assert!(
+        logs[0].contains("WARN")
+            && logs[0].contains("budgets and spend are lost on a Redis restart"),
+        "{}",
+        logs[0]
+    );
+    assert!(logs[1].contains("append-only file on"), "{}", logs[1]);
+    assert!(
+        !logs[1].contains("are lost on a Redis restart"),
+        "{}",
+        logs[1]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -571,3 +571,140 @@ async fn the_picker_caps_priority_too() {
         Err(401)
     );
 }
+
+/// A pool forwarding `x-switchyard-priority` tells its upstream the class the
+/// gateway granted, never the client's ask; the `x-slo-*` headers the client
+/// sent reach the upstream only as far as they were honoured.
+#[tokio::test]
+async fn the_upstream_sees_the_granted_claims_not_the_asked_ones() {
+    let (up, _tx) = support::scripted::Scripted::start().await;
+    let gw = serve(
+        "fwd-claims",
+        &support::pool_toml(
+            "scripted",
+            &[up.url.as_str()],
+            "forward_headers = [\"x-switchyard-priority\"]",
+        ),
+    )
+    .await;
+    let b = json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]});
+    let asked = [
+        ("x-switchyard-priority", "critical"),
+        ("x-slo-ttft-ms", "5"),
+        ("x-slo-tpot-ms", "1"),
+    ];
+    assert_eq!(post(&gw.url, &asked, &b).await.0, 200);
+    assert_eq!(post(&gw.url, &[], &b).await.0, 200);
+    let seen = up.recorded.lock().unwrap().headers.clone();
+    assert_eq!(seen.len(), 2);
+    // Anonymous callers are capped at `normal` and may not set objectives.
+    assert_eq!(seen[0]["x-switchyard-priority"], "normal", "{:?}", seen[0]);
+    assert!(!seen[0].contains_key("x-slo-ttft-ms"), "{:?}", seen[0]);
+    assert!(!seen[0].contains_key("x-slo-tpot-ms"), "{:?}", seen[0]);
+    // No ask: the class the request was scheduled with.
+    assert_eq!(seen[1]["x-switchyard-priority"], "normal", "{:?}", seen[1]);
+}
+
+/// With objectives allowed, the upstream sees the honoured values; a pool
+/// that does not forward the priority header never sees one.
+#[tokio::test]
+async fn honoured_objectives_are_forwarded_and_priority_stays_unless_allowed() {
+    let (up, _tx) = support::scripted::Scripted::start().await;
+    let gw = serve(
+        "fwd-slo",
+        &format!(
+            "[tenancy]\nanonymous_allow_slo_headers = true\nanonymous_max_priority = \"high\"\n{}",
+            support::pool_toml("scripted", &[up.url.as_str()], "")
+        ),
+    )
+    .await;
+    let b = json!({"model": "scripted", "messages": [{"role": "user", "content": "hi"}]});
+    let asked = [
+        ("x-switchyard-priority", "critical"),
+        ("x-slo-tpot-ms", "900"),
+    ];
+    assert_eq!(post(&gw.url, &asked, &b).await.0, 200);
+    let seen = up.recorded.lock().unwrap().headers[0].clone();
+    assert_eq!(seen["x-slo-tpot-ms"], "900", "{seen:?}");
+    assert!(!seen.contains_key("x-slo-ttft-ms"), "{seen:?}");
+    assert!(!seen.contains_key("x-switchyard-priority"), "{seen:?}");
+}
+
+/// Refusals before any handler runs (431 headers, 400 framing, 405 method,
+/// 404 path) reach the access log with status, error and client address
+/// (`x-forwarded-for` believed only from a trusted proxy), and never a
+/// credential or an oversized header value.
+#[tokio::test]
+async fn refusals_before_the_handler_reach_the_access_log() {
+    let (up, _tx) = support::scripted::Scripted::start().await;
+    let gw = serve(
+        "pre-handler",
+        &format!(
+            "[server]\nmax_headers = 20\nmax_header_bytes = 4096\ntrusted_proxies = [\"127.0.0.2\"]\n{}",
+            support::pool_toml("scripted", &[up.url.as_str()], "")
+        ),
+    )
+    .await;
+    let secret = "Bearer sk-never-in-the-log-5d2e";
+    // Over `max_header_bytes` but within hyper's read buffer: the gateway's own check.
+    let big = "b".repeat(5000);
+    let proxy = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let chat = format!("{}/v1/chat/completions", gw.url);
+    // 431 from a trusted proxy: the client is the forwarded address.
+    let req = proxy
+        .post(&chat)
+        .header("authorization", secret)
+        .header("x-forwarded-for", "203.0.113.7")
+        .header("x-request-id", "pre-431")
+        .header("x-big", &big);
+    assert_eq!(req.send().await.unwrap().status(), 431);
+    // 400: a header line ending in a bare LF, from an untrusted peer whose
+    // forwarded-for is ignored.
+    let addr: std::net::SocketAddr = gw.url.trim_start_matches("http://").parse().unwrap();
+    let bare_lf = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: pre-400\r\n\
+        X-Forwarded-For: 6.6.6.6\r\nX-A: 1\nX-B: 2\r\nContent-Length: 2\r\n\r\n{}";
+    let answer = support::raw::raw(addr, bare_lf.as_bytes()).await;
+    assert_eq!(support::raw::status_of(&answer), 400, "{answer}");
+    // 405 and 404.
+    let r = support::client()
+        .get(&chat)
+        .header("x-request-id", "pre-405")
+        .header("authorization", secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+    for (method, path, id) in [
+        ("POST", "/v1/not_a_route", "pre-404-post"),
+        ("GET", "/nope", "pre-404-get"),
+    ] {
+        let r = support::client()
+            .request(method.parse().unwrap(), format!("{}{path}", gw.url))
+            .header("x-request-id", id)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+    }
+    let expect = [
+        ("pre-431", 431, "headers_too_large", "203.0.113.7"),
+        ("pre-400", 400, "bad_framing", "127.0.0.1"),
+        ("pre-405", 405, "method_not_allowed", "127.0.0.1"),
+        ("pre-404-post", 404, "not_found", "127.0.0.1"),
+        ("pre-404-get", 404, "not_found", "127.0.0.1"),
+    ];
+    for (id, status, error, client) in expect {
+        let line = log_line(&gw.access_log, |v| v["request_id"] == id).await;
+        assert_eq!(line["status"], status, "{line}");
+        assert_eq!(line["error"], error, "{line}");
+        assert_eq!(line["client"], client, "{line}");
+        assert_eq!(line["tenant"], "anonymous", "{line}");
+    }
+    let text = std::fs::read_to_string(&gw.access_log).unwrap();
+    assert!(!text.contains("sk-never-in-the-log"), "no credential");
+    assert!(!text.contains(&big[..100]), "no header value");
+    assert!(up.recorded.lock().unwrap().bodies.is_empty());
+}

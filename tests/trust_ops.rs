@@ -284,6 +284,65 @@ async fn a_stream_still_running_at_the_drain_deadline_ends_with_the_error_event(
     assert_eq!((report.at_start, report.cut), (1, 1), "{report:?}");
 }
 
+/// An engine that takes chat requests and never answers them (its health
+/// probe answers): each request's arrival is sent on the returned channel.
+async fn silent_engine() -> (String, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    use axum::routing::{get, post};
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let hold = move || {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(());
+            std::future::pending::<&'static str>().await
+        }
+    };
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/v1/chat/completions", post(hold));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, rx)
+}
+
+#[tokio::test]
+async fn a_request_still_waiting_for_its_first_byte_at_the_drain_deadline_gets_a_503() {
+    let (engine, mut arrived) = silent_engine().await;
+    let gw = gateway(&format!(
+        "[server]\nunready_grace_ms = 0\ndrain_timeout_ms = 300\n{}",
+        pool_toml("silent", &[&engine], "")
+    ))
+    .await;
+    let url = gw.url();
+    let waiting = tokio::spawn(async move {
+        support::client()
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&serde_json::json!({"model": "silent", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .unwrap()
+    });
+    arrived
+        .recv()
+        .await
+        .expect("the request reached the engine");
+    let gateway = gw.gateway.clone();
+    let stopping = tokio::spawn(gw.shutdown());
+    let resp = waiting.await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "drain_deadline", "{body}");
+    assert_eq!(body["error"]["type"], "service_unavailable", "{body}");
+    stopping.await.unwrap();
+    let report = gateway.drain.report();
+    assert_eq!(
+        (report.at_deadline, report.refused, report.cut),
+        (1, 1, 0),
+        "{report:?}"
+    );
+}
+
 /// `switchyard ARGS…` to completion: success, stdout and stderr.
 async fn run_binary(args: &[&str]) -> (bool, String, String) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchyard"))

@@ -1,11 +1,14 @@
-//! The validity window of an X.509 certificate (`notBefore`, `notAfter`), read
-//! from its DER: a certificate outside its window makes every client's
-//! handshake fail, so the gateway refuses it at start, in `check-config` and on
-//! rotation, and exports the chain's expiry as a metric. Only the path to the
-//! `validity` field is walked (RFC 5280 §4.1); the signature is rustls' and the
-//! client's business. A few dozen lines instead of a full X.509 parser in the tree.
+//! The validity window of an X.509 certificate (`notBefore`, `notAfter`): a
+//! certificate outside its window makes every client's handshake fail, so the
+//! gateway refuses it at start, in `check-config` and on rotation, and exports
+//! the chain's expiry as a metric. The DER is read by `x509-parser` (a kept
+//! parser, no crypto); the signature is rustls' and the client's business.
 
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use x509_parser::certificate::X509Certificate;
+use x509_parser::prelude::FromDer;
+use x509_parser::time::ASN1Time;
 
 /// A certificate's validity window, in seconds since the Unix epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,22 +20,12 @@ pub struct Validity {
 impl Validity {
     /// Read the window from a certificate's DER.
     pub fn of_der(der: &[u8]) -> Result<Validity, String> {
-        let bad = |what: &str| format!("not an X.509 certificate ({what})");
-        let (cert, _) = tlv(der, SEQUENCE).ok_or_else(|| bad("certificate"))?;
-        let (mut tbs, _) = tlv(cert, SEQUENCE).ok_or_else(|| bad("tbsCertificate"))?;
-        // [0] version is optional (absent: v1).
-        if tbs.first() == Some(&0xa0) {
-            tbs = tlv(tbs, 0xa0).ok_or_else(|| bad("version"))?.1;
-        }
-        for field in ["serialNumber", "signature", "issuer"] {
-            tbs = skip(tbs).ok_or_else(|| bad(field))?;
-        }
-        let (validity, _) = tlv(tbs, SEQUENCE).ok_or_else(|| bad("validity"))?;
-        let (not_before, rest) = time(validity).ok_or_else(|| bad("notBefore"))?;
-        let (not_after, _) = time(rest).ok_or_else(|| bad("notAfter"))?;
+        let (_, cert) = X509Certificate::from_der(der)
+            .map_err(|e| format!("not an X.509 certificate ({e})"))?;
+        let v = cert.validity();
         Ok(Validity {
-            not_before,
-            not_after,
+            not_before: v.not_before.timestamp(),
+            not_after: v.not_after.timestamp(),
         })
     }
 
@@ -81,101 +74,20 @@ pub fn check_chain(ders: &[&[u8]], now: i64, names: &str) -> Result<i64, String>
     Ok(earliest)
 }
 
-const SEQUENCE: u8 = 0x30;
-const UTC_TIME: u8 = 0x17;
-const GENERALIZED_TIME: u8 = 0x18;
-
-/// One DER element of tag `tag` at the start of `b`: its contents and what follows.
-fn tlv(b: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    let (&t, rest) = b.split_first()?;
-    (t == tag).then_some(())?;
-    let (&first, mut rest) = rest.split_first()?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let len = rest[..n]
-            .iter()
-            .fold(0usize, |acc, &x| (acc << 8) | usize::from(x));
-        rest = &rest[n..];
-        len
-    };
-    (rest.len() >= len).then(|| rest.split_at(len))
-}
-
-/// Skip one element, whatever its (single-byte) tag.
-fn skip(b: &[u8]) -> Option<&[u8]> {
-    let tag = *b.first()?;
-    tlv(b, tag).map(|(_, rest)| rest)
-}
-
-/// A UTCTime (`YYMMDDHHMMSSZ`, 1950–2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`).
-fn time(b: &[u8]) -> Option<(i64, &[u8])> {
-    let (text, rest, year) = if let Some((t, rest)) = tlv(b, UTC_TIME) {
-        let yy = digits(t.get(..2)?)?;
-        (
-            t.get(2..)?,
-            rest,
-            if yy < 50 { 2000 + yy } else { 1900 + yy },
-        )
-    } else {
-        let (t, rest) = tlv(b, GENERALIZED_TIME)?;
-        (t.get(4..)?, rest, digits(t.get(..4)?)?)
-    };
-    if text.len() != 11 || text[10] != b'Z' {
-        return None;
-    }
-    let f = |i: usize| digits(&text[i..i + 2]);
-    let (month, day, h, m, s) = (f(0)?, f(2)?, f(4)?, f(6)?, f(8)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
-        return None;
-    }
-    let days = days_from_civil(year, month, day);
-    Some((days * 86_400 + h * 3600 + m * 60 + s, rest))
-}
-
-fn digits(b: &[u8]) -> Option<i64> {
-    b.iter().try_fold(0i64, |acc, &c| {
-        c.is_ascii_digit().then(|| acc * 10 + i64::from(c - b'0'))
-    })
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm).
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The inverse of [`days_from_civil`].
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
 /// `2025-03-01T12:00:00Z`.
 pub fn show(unix: i64) -> String {
-    let (y, mo, d) = civil_from_days(unix.div_euclid(86_400));
-    let s = unix.rem_euclid(86_400);
+    let Ok(t) = ASN1Time::from_timestamp(unix) else {
+        return format!("{unix} (Unix seconds)");
+    };
+    let t = t.to_datetime();
     format!(
-        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        s / 3600,
-        s / 60 % 60,
-        s % 60
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
     )
 }
 
@@ -240,10 +152,9 @@ mod tests {
     }
 
     #[test]
-    fn civil_dates_round_trip() {
-        for days in [-1, 0, 59, 60, 10_956, 11_016, 29_220, 47_482] {
-            let (y, m, d) = civil_from_days(days);
-            assert_eq!(days_from_civil(y, m, d), days);
-        }
+    fn show_prints_utc_and_survives_any_number() {
+        assert_eq!(show(0), "1970-01-01T00:00:00Z");
+        assert_eq!(show(1_582_934_400), "2020-02-29T00:00:00Z");
+        assert!(show(i64::MAX).contains("Unix seconds"));
     }
 }

@@ -121,6 +121,9 @@ pub enum GatewayError {
         /// Seconds for `Retry-After`.
         retry_after_s: u32,
     },
+    /// Still without an answer when the shutdown's drain deadline passed.
+    #[error("The gateway is shutting down and this request did not get an answer before its drain deadline; retry (another replica will serve it)")]
+    DrainDeadline,
     #[error("Upstream {worker} is unreachable: {detail}")]
     UpstreamConnect { worker: Arc<str>, detail: String },
     #[error("Upstream {worker} failed: {detail}")]
@@ -161,7 +164,8 @@ impl GatewayError {
             NoHealthyWorker(_)
             | ResidencyUnavailable { .. }
             | ResponseOwnerUnavailable { .. }
-            | SloUnattainable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | SloUnattainable { .. }
+            | DrainDeadline => StatusCode::SERVICE_UNAVAILABLE,
             QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => StatusCode::TOO_MANY_REQUESTS,
             Preempted(_) => StatusCode::SERVICE_UNAVAILABLE,
             UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
@@ -208,6 +212,7 @@ impl GatewayError {
             QueueEvicted(_) => "queue_evicted",
             Preempted(_) => "preempted",
             SloUnattainable { .. } => "slo_unattainable",
+            DrainDeadline => "drain_deadline",
             UpstreamConnect { .. } => "upstream_connect",
             UpstreamFailed { .. } => "upstream_failed",
             UpstreamTimeout { .. } => "upstream_timeout",
@@ -253,7 +258,8 @@ impl GatewayError {
             | Preempted(_)
             | ResponseOwnerGone(_)
             | ResponseOwnerUnavailable { .. }
-            | SloUnattainable { .. } => "gateway",
+            | SloUnattainable { .. }
+            | DrainDeadline => "gateway",
             UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
         }
     }
@@ -299,7 +305,7 @@ impl GatewayError {
             ResponseOwnerGone(_) => "invalid_request_error",
             ResponseOwnerUnavailable { .. } => "service_unavailable",
             QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => "rate_limit_exceeded",
-            Preempted(_) => "service_unavailable",
+            Preempted(_) | DrainDeadline => "service_unavailable",
             _ => match self.class() {
                 "upstream" => "upstream_error",
                 _ => "invalid_request_error",
@@ -338,6 +344,7 @@ impl GatewayError {
                 (None, Some(self.reason()))
             }
             SloUnattainable { .. } => (None, Some("slo_unattainable")),
+            DrainDeadline => (None, Some("drain_deadline")),
             _ => (None, None),
         }
     }
@@ -354,6 +361,7 @@ impl GatewayError {
                 | HeadersTooLarge(_)
                 | UnsupportedTransferEncoding(_)
                 | BadFraming(_)
+                | DrainDeadline
         )
     }
 

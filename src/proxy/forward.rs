@@ -2,9 +2,10 @@
 //! Retries go to a different worker, only while nothing has reached the client.
 
 use super::error::GatewayError;
-use super::headers::{forwardable, stays_at_gateway, strip_hop_by_hop};
+use super::headers::{forwardable, state_granted_claims, stays_at_gateway, strip_hop_by_hop};
 use super::observe::{ObserveParams, ObservedBody};
 use super::RequestTags;
+use crate::api::headers::Name;
 use crate::api::{Endpoint, RequestInfo};
 use crate::config::{GlobalConfig, HealthConfig, Residency, Timeouts};
 use crate::pool::{health, InFlightGuard, RequestSize, Worker};
@@ -472,6 +473,14 @@ fn prepare(
             || (n == header::CONTENT_LENGTH && !same_length)
             || stays_at_gateway(n, pass_auth, allow)
     });
+    let asked_slo = ctx.own.has(Name::SloTtft) || ctx.own.has(Name::SloTpot);
+    state_granted_claims(
+        &mut headers,
+        asked_slo,
+        allow,
+        ctx.tags.priority,
+        ctx.info.slo,
+    );
     if plain {
         headers.insert(header::HOST, worker.host.clone());
     }

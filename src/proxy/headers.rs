@@ -2,6 +2,9 @@
 //! credentials and the gateway's own control headers cross only when the pool
 //! allows it.
 
+use crate::api::headers::{PRIORITY_HEADER, TPOT_HEADER, TTFT_HEADER};
+use crate::api::Slo;
+use crate::config::flow::Priority;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1: `Connection`, `TE`, `Trailer`,
@@ -120,6 +123,33 @@ pub fn forwardable(src: &HeaderMap, extra: usize, drop: impl Fn(&HeaderName) -> 
         }
     }
     out
+}
+
+/// The claims a forwarded request states are the ones the gateway granted
+/// (`tenancy::claims`), never the client's raw asks: an engine or a gateway
+/// further on that reads them must not see a class or objective the tenant
+/// may not have. With the pool forwarding `x-switchyard-priority`, it carries
+/// the granted class (also when the client sent none); `x-slo-*` headers a
+/// client sent are replaced by the granted objectives (absent where none was granted).
+pub fn state_granted_claims(
+    out: &mut HeaderMap,
+    asked_slo: bool,
+    allow: &[String],
+    priority: Priority,
+    slo: Slo,
+) {
+    if allow.iter().any(|a| a == PRIORITY_HEADER.as_str()) {
+        out.insert(PRIORITY_HEADER, HeaderValue::from_static(priority.as_str()));
+    }
+    if !asked_slo {
+        return;
+    }
+    for (name, ms) in [(TTFT_HEADER, slo.ttft_ms), (TPOT_HEADER, slo.tpot_ms)] {
+        match ms {
+            Some(ms) => out.insert(name, HeaderValue::from(ms)),
+            None => out.remove(name),
+        };
+    }
 }
 
 /// Remove the headers a `Connection` value lists. A `&str` name is looked up

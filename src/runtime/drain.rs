@@ -30,6 +30,8 @@ struct Inner {
     at_cut: AtomicU64,
     /// Streams that ended with the error event at the deadline.
     cut_streams: AtomicU64,
+    /// Requests with no answer yet at the deadline, answered 503.
+    refused: AtomicU64,
 }
 
 impl Default for Drain {
@@ -42,6 +44,7 @@ impl Default for Drain {
             at_start: AtomicU64::new(NOT_STARTED),
             at_cut: AtomicU64::new(NOT_STARTED),
             cut_streams: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }))
     }
 }
@@ -53,8 +56,11 @@ pub struct DrainReport {
     pub at_start: u64,
     /// Streams cut at the deadline with the error event.
     pub cut: u64,
-    /// Requests alive at the deadline (cut streams included); 0 when every
-    /// request finished before it.
+    /// Requests still waiting for an answer (body, queue, upstream's first
+    /// byte) at the deadline, answered 503 `drain_deadline`.
+    pub refused: u64,
+    /// Requests alive at the deadline (cut streams and refused ones included);
+    /// 0 when every request finished before it.
     pub at_deadline: u64,
 }
 
@@ -108,6 +114,25 @@ impl Drain {
         self.0.notify.notify_waiters();
     }
 
+    /// Resolves at the drain deadline: a request with no answer yet then
+    /// gets a 503 instead of a cut connection. Not boxed: one per request.
+    pub async fn deadline(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.0.cut.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// A request without an answer was refused at the deadline.
+    pub fn count_refused(&self) {
+        self.0.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn report(&self) -> DrainReport {
         let known = |a: &AtomicU64| match a.load(Ordering::Relaxed) {
             NOT_STARTED => 0,
@@ -116,6 +141,7 @@ impl Drain {
         DrainReport {
             at_start: known(&self.0.at_start),
             cut: self.0.cut_streams.load(Ordering::Relaxed),
+            refused: self.0.refused.load(Ordering::Relaxed),
             at_deadline: known(&self.0.at_cut),
         }
     }
@@ -178,12 +204,15 @@ mod tests {
         waiting.await.unwrap();
         b.cut_signal().await;
         b.count_cut();
+        d.deadline().await;
+        d.count_refused();
         drop(a);
         assert_eq!(
             d.report(),
             DrainReport {
                 at_start: 2,
                 cut: 1,
+                refused: 1,
                 at_deadline: 2
             }
         );

@@ -122,13 +122,25 @@ where
     };
     // The route, once known, names the model for error metrics.
     let mut known = None;
-    let result = match mode {
-        Mode::Json => inbound.serve(body, &mut tags, residency, &mut known).await,
-        // Rare paths are boxed: the common request's future stays small (it is
-        // moved whole, and nests the largest of these).
-        Mode::Stored => Box::pin(inbound.serve_stored(body, &mut tags, &mut known)).await,
-        Mode::Upload(upload) => {
-            Box::pin(inbound.serve_upload(upload, &mut tags, residency, &mut known)).await
+    let serving = async {
+        match mode {
+            Mode::Json => inbound.serve(body, &mut tags, residency, &mut known).await,
+            // Rare paths are boxed: the common request's future stays small (it is
+            // moved whole, and nests the largest of these).
+            Mode::Stored => Box::pin(inbound.serve_stored(body, &mut tags, &mut known)).await,
+            Mode::Upload(upload) => {
+                Box::pin(inbound.serve_upload(upload, &mut tags, residency, &mut known)).await
+            }
+        }
+    };
+    // A request with no answer yet at the drain deadline (its body, the queue,
+    // the upstream's first byte) is answered 503 rather than cut off.
+    let result = tokio::select! {
+        biased;
+        r = serving => r,
+        () = gw.drain.deadline() => {
+            gw.drain.count_refused();
+            Err(GatewayError::DrainDeadline)
         }
     };
     let mut resp = match result {
@@ -782,6 +794,48 @@ pub(super) fn refuse_for(e: &GatewayError, headers: &http::HeaderMap, anthropic:
     resp
 }
 
+/// Who a refusal before any handler ran (header limits, framing, method,
+/// path, the model list's key check) was given to, for its access-log line.
+pub(super) struct Refused<'r> {
+    pub gw: &'r Gateway,
+    pub headers: &'r http::HeaderMap,
+    pub path: &'r str,
+    /// The socket peer (`x-forwarded-for` counts only behind a trusted proxy).
+    pub peer: Option<std::net::IpAddr>,
+}
+
+impl Refused<'_> {
+    /// [`refuse_for`], finished like any request: an access-log line with the
+    /// status, the error code and the client address. The line carries no
+    /// header value but a sane `x-request-id` (bounded; never a credential).
+    pub(super) fn answer(&self, e: &GatewayError) -> Response {
+        let endpoint = Endpoint::from_path(self.path);
+        let config = self.gw.registry.config();
+        let request_id = request_id::get_or_make(self.headers);
+        let mut tags = RequestTags::new(
+            &self.gw.sinks,
+            config.clone(),
+            request_id.clone(),
+            self.gw.tenancy.load().anonymous(),
+            TraceContext::from_header(None, None),
+            &self.gw.drain,
+        );
+        tags.client = client_addr::client(self.peer, self.headers, &config.server.trusted_proxies);
+        telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
+        let end = End::Refused {
+            model: None,
+            class: e.class(),
+            reason: e.reason(),
+            elapsed: std::time::Duration::ZERO,
+        };
+        tags.finish(endpoint.as_str(), e.status().as_u16(), end);
+        let mut resp: Response = e.to_response_for(endpoint.is_anthropic(), false);
+        resp.headers_mut().insert(request_id::HEADER, request_id);
+        close_if_unread(&mut resp, self.headers);
+        resp
+    }
+}
+
 /// An answer given before the request's body was read: an HTTP/1 connection
 /// closes after it rather than read the body as the next request.
 fn close_if_unread(resp: &mut Response, headers: &http::HeaderMap) {
@@ -873,7 +927,7 @@ where
 pub async fn models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let tenant = match models_caller(&gw, &req) {
         Ok(t) => t,
-        Err(e) => return refuse(&e, req.headers()),
+        Err(e) => return refused(&gw, &req).answer(&e),
     };
     let mut list = super::models::list(&gw).await;
     let snap = gw.routes.snapshot();
@@ -905,7 +959,7 @@ pub async fn model(
 ) -> Response {
     let tenant = match models_caller(&gw, &req) {
         Ok(t) => t,
-        Err(e) => return refuse(&e, req.headers()),
+        Err(e) => return refused(&gw, &req).answer(&e),
     };
     let snap = gw.routes.snapshot();
     let known = snap.model_names().contains(&id) && snap.usable_by(&id, |m| tenant.allows(m));
@@ -922,12 +976,22 @@ pub async fn model(
 
 /// A known path asked with a method it does not serve: 405 in OpenAI's shape,
 /// with `Allow` filled in by the router.
-pub async fn method_not_allowed(req: Request) -> Response {
+pub async fn method_not_allowed(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
     let e = GatewayError::MethodNotAllowed {
         method: api::error::echo(req.method().as_str()),
         path: api::error::echo(req.uri().path()),
     };
-    refuse(&e, req.headers())
+    refused(&gw, &req).answer(&e)
+}
+
+/// A router request's refusal, with the peer the service put in its extensions.
+fn refused<'r>(gw: &'r Gateway, req: &'r Request) -> Refused<'r> {
+    Refused {
+        gw,
+        headers: req.headers(),
+        path: req.uri().path(),
+        peer: req.extensions().get::<Peer>().and_then(|p| p.0),
+    }
 }
 
 /// `GET /health`: the process is alive.
@@ -997,5 +1061,5 @@ pub async fn fallback(state: State<Arc<Gateway>>, req: Request) -> Response {
     {
         return proxy(state, req).await;
     }
-    refuse(&super::engine_routes::not_found(path), req.headers())
+    refused(&state, &req).answer(&super::engine_routes::not_found(path))
 }

@@ -257,9 +257,13 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
         let noticed = match self.conn.admit(&req, self.limits) {
             Ok(n) => n,
             Err(e) => {
-                let anthropic = crate::api::Endpoint::from_path(req.uri().path()).is_anthropic();
-                let resp = handlers::refuse_for(&e, req.headers(), anthropic);
-                return Box::pin(std::future::ready(Ok(resp)));
+                let refused = handlers::Refused {
+                    gw: &self.gw,
+                    headers: req.headers(),
+                    path: req.uri().path(),
+                    peer: self.peer,
+                };
+                return Box::pin(std::future::ready(Ok(refused.answer(&e))));
             }
         };
         let origin = noticed
@@ -639,13 +643,15 @@ impl Gateway {
             tracing::info!(finished, "drained: {finished} requests finished");
             return;
         }
-        let aborted = r.at_deadline.saturating_sub(r.cut);
+        let aborted = r.at_deadline.saturating_sub(r.cut + r.refused);
         tracing::warn!(
             finished,
             cut = r.cut,
+            refused = r.refused,
             aborted,
-            "drain deadline reached: {finished} requests finished, cut {} streams at the deadline (each ended with an error event), {aborted} other requests aborted",
-            r.cut
+            "drain deadline reached: {finished} requests finished, cut {} streams at the deadline (each ended with an error event), answered {} requests still waiting with 503 drain_deadline, {aborted} other requests aborted",
+            r.cut,
+            r.refused
         );
     }
 }

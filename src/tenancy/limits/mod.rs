@@ -21,6 +21,7 @@
 pub mod gcra;
 pub mod headers;
 mod local;
+mod persistence;
 mod shared;
 pub mod spend;
 

@@ -191,8 +191,10 @@ impl Shared {
             .set_response_timeout(Some(cfg.timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
+        let conn = ConnectionManager::new_lazy_with_config(client, config)?;
+        super::persistence::check_in_background(conn.clone());
         Ok(Shared {
-            conn: ConnectionManager::new_lazy_with_config(client, config)?,
+            conn,
             fail_closed: cfg.fail_closed,
             timeout: cfg.timeout,
             lease: cfg.lease,
