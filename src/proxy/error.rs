@@ -1,11 +1,15 @@
-//! The gateway's one error type. Each variant knows its HTTP status, its OpenAI
-//! error type, a low-cardinality `reason` label, and whether another worker may be tried.
+//! The gateway's one error type. Each variant maps to one row of a table
+//! ([`GatewayError::kind`]): its HTTP status, OpenAI error type and code, a
+//! low-cardinality `reason` label, who is at fault, and whether another worker
+//! or pool may be tried.
 
 use crate::api::ErrorBody;
 use crate::tenancy::limits::LimitKind;
+use crate::tenancy::limits::Refusal;
 use http::{header, HeaderValue, Response, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
+use StatusCode as S;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -132,237 +136,290 @@ pub enum GatewayError {
     UpstreamTimeout { worker: Arc<str>, after: Duration },
 }
 
+/// Who an error is charged to, for metrics and the access log (`class`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The request was bad, or the caller may not make it.
+    Client,
+    /// A gateway policy refused it: no capacity, queue, drain.
+    Gateway,
+    /// The worker failed.
+    Upstream,
+}
+
+impl Fault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::Client => "client",
+            Fault::Gateway => "gateway",
+            Fault::Upstream => "upstream",
+        }
+    }
+}
+
+/// One row of the error table: how an error is answered and counted. Every
+/// accessor of [`GatewayError`] reads its row, so the columns cannot disagree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ErrorKind {
+    pub status: StatusCode,
+    /// OpenAI's error `type`. (Anthropic's follows the status.)
+    pub openai_type: &'static str,
+    /// OpenAI's error `code`.
+    pub code: Option<&'static str>,
+    /// OpenAI's `param`: the request field at fault.
+    pub param: Option<&'static str>,
+    /// The low-cardinality metric label.
+    pub reason: &'static str,
+    pub fault: Fault,
+    /// Another worker may be tried (nothing reached the client yet).
+    pub retryable: bool,
+    /// Another pool (a fallback) may serve it: the failure was the pool's.
+    pub falls_back: bool,
+    /// The client connection closes after the answer: the body may be unread,
+    /// or its framing is not to be trusted.
+    pub closes_connection: bool,
+    /// `Retry-After` in seconds: 1 on every 429 and 503 unless the error knows better.
+    pub retry_after_s: Option<u64>,
+}
+
+const INVALID: &str = "invalid_request_error";
+const AUTHENTICATION: &str = "authentication_error";
+const PERMISSION: &str = "permission_error";
+const RATE_LIMITED: &str = "rate_limit_exceeded";
+const QUOTA: &str = "insufficient_quota";
+const UNAVAILABLE: &str = "service_unavailable";
+const UPSTREAM: &str = "upstream_error";
+
+/// A client error answered as OpenAI's 401 `authentication_error`.
+const fn unauthorized(reason: &'static str) -> ErrorKind {
+    row(S::UNAUTHORIZED, AUTHENTICATION, reason, Fault::Client).code("invalid_api_key")
+}
+
+/// A client error answered as OpenAI's 403 `permission_error`; the code is the reason.
+const fn forbidden(reason: &'static str) -> ErrorKind {
+    row(S::FORBIDDEN, PERMISSION, reason, Fault::Client).code_is_reason()
+}
+
+/// Shed by a gateway policy (flow control, SLO, drain): the code names why.
+const fn shed(status: StatusCode, openai_type: &'static str, reason: &'static str) -> ErrorKind {
+    row(status, openai_type, reason, Fault::Gateway).code_is_reason()
+}
+
+/// A row with no code, param or flags; `Retry-After: 1` on 429 and 503.
+const fn row(
+    status: StatusCode,
+    openai_type: &'static str,
+    reason: &'static str,
+    fault: Fault,
+) -> ErrorKind {
+    let s = status.as_u16();
+    ErrorKind {
+        status,
+        openai_type,
+        code: None,
+        param: None,
+        reason,
+        fault,
+        retryable: false,
+        falls_back: false,
+        closes_connection: false,
+        retry_after_s: if s == 429 || s == 503 { Some(1) } else { None },
+    }
+}
+
+/// A client error answered as `invalid_request_error`.
+const fn bad(status: StatusCode, reason: &'static str) -> ErrorKind {
+    row(status, INVALID, reason, Fault::Client)
+}
+
+impl ErrorKind {
+    const fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+    const fn param(mut self, param: Option<&'static str>) -> Self {
+        self.param = param;
+        self
+    }
+    /// The `code` repeats the `reason` label.
+    const fn code_is_reason(self) -> Self {
+        self.code(self.reason)
+    }
+    const fn retry_after(mut self, s: u64) -> Self {
+        self.retry_after_s = Some(s);
+        self
+    }
+    const fn falls_back(mut self) -> Self {
+        self.falls_back = true;
+        self
+    }
+    /// Retryable on another worker, hence also on another pool.
+    const fn retryable(mut self) -> Self {
+        self.retryable = true;
+        self.falls_back = true;
+        self
+    }
+    const fn closes(mut self) -> Self {
+        self.closes_connection = true;
+        self
+    }
+
+    /// A refusal's row depends on it: never passable (a client error without
+    /// `Retry-After`), the limits store down, a spend budget, or a rate.
+    fn limited(r: &Refusal) -> ErrorKind {
+        let kind = r.kind.as_str();
+        let (never, c) = (r.never, Fault::Client);
+        match r.kind {
+            _ if never => bad(S::BAD_REQUEST, kind)
+                .code("request_exceeds_limit")
+                .param(Some(kind)),
+            LimitKind::StoreUnavailable => row(S::SERVICE_UNAVAILABLE, UNAVAILABLE, kind, c)
+                .code("limits_store_unavailable")
+                .retry_after(r.retry_after_s),
+            k if k.is_budget() => row(S::TOO_MANY_REQUESTS, QUOTA, kind, c)
+                .code("insufficient_quota")
+                .param(Some(kind))
+                .retry_after(r.retry_after_s),
+            _ => row(S::TOO_MANY_REQUESTS, RATE_LIMITED, kind, c)
+                .code("rate_limit_exceeded")
+                .param(Some(kind))
+                .retry_after(r.retry_after_s),
+        }
+    }
+}
+
 impl GatewayError {
-    pub fn status(&self) -> StatusCode {
+    /// The error's row of the table. Rows that depend on the payload (a
+    /// header's name, the field at fault, a refusal, a `Retry-After`) say so.
+    pub fn kind(&self) -> ErrorKind {
+        use Fault::{Gateway, Upstream};
         use GatewayError::*;
         match self {
-            MalformedJson(_)
-            | MalformedMultipart(_)
-            | JsonTooDeep(_)
-            | InvalidHeader(_)
-            | MissingModel
-            | InvalidRequest(_)
-            | BodyRead(_)
-            | BadFraming(_)
-            | InvalidResidency { .. } => StatusCode::BAD_REQUEST,
-            BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
-            UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            HeadersTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            UnsupportedTransferEncoding(_) | ProxyModeOnly { .. } => StatusCode::NOT_IMPLEMENTED,
-            MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            TenantNeedsKey | MissingApiKey | InvalidApiKey => StatusCode::UNAUTHORIZED,
-            ModelNotAllowed(_) | ControlRouteForbidden(_) => StatusCode::FORBIDDEN,
-            Limited(r) if r.never => StatusCode::BAD_REQUEST,
-            Limited(r) if r.kind == LimitKind::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Limited(_) => StatusCode::TOO_MANY_REQUESTS,
-            UnknownModel(_)
-            | NotFound(_)
-            | NotSupported(_)
-            | ResponseOwnerGone(_)
-            | UnknownResponse { .. } => StatusCode::NOT_FOUND,
-            BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            NoHealthyWorker(_)
-            | ResidencyUnavailable { .. }
-            | ResponseOwnerUnavailable { .. }
-            | SloUnattainable { .. }
-            | DrainDeadline => StatusCode::SERVICE_UNAVAILABLE,
-            QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => StatusCode::TOO_MANY_REQUESTS,
-            Preempted(_) => StatusCode::SERVICE_UNAVAILABLE,
-            UpstreamConnect { .. } | UpstreamFailed { .. } => StatusCode::BAD_GATEWAY,
-            UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            MalformedJson(_) => bad(S::BAD_REQUEST, "malformed_json"),
+            MalformedMultipart(_) => bad(S::BAD_REQUEST, "malformed_multipart"),
+            JsonTooDeep(_) => bad(S::BAD_REQUEST, "json_too_deep").code_is_reason(),
+            InvalidHeader(h) => bad(S::BAD_REQUEST, "invalid_header")
+                .code_is_reason()
+                .param(Some(h)),
+            MissingModel => bad(S::BAD_REQUEST, "missing_model").param(Some("model")),
+            InvalidRequest(_) => bad(S::BAD_REQUEST, "invalid_request"),
+            NotSupported(_) => bad(S::NOT_FOUND, "not_supported"),
+            UnknownModel(_) => bad(S::NOT_FOUND, "unknown_model")
+                .code("model_not_found")
+                .param(Some("model")),
+            BodyTooLarge(_) => bad(S::PAYLOAD_TOO_LARGE, "body_too_large")
+                .code("request_too_large")
+                .closes(),
+            BodyRead(_) => bad(S::BAD_REQUEST, "body_read").closes(),
+            BodyTimeout(_) => bad(S::REQUEST_TIMEOUT, "body_timeout")
+                .code("request_timeout")
+                .closes(),
+            UnsupportedMediaType(_) => bad(S::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type"),
+            HeadersTooLarge(_) => {
+                bad(S::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large").closes()
+            }
+            UnsupportedTransferEncoding(_) => {
+                bad(S::NOT_IMPLEMENTED, "unsupported_transfer_encoding").closes()
+            }
+            BadFraming(_) => bad(S::BAD_REQUEST, "bad_framing").closes(),
+            MethodNotAllowed { .. } => {
+                bad(S::METHOD_NOT_ALLOWED, "method_not_allowed").code_is_reason()
+            }
+            TenantNeedsKey => unauthorized("tenant_needs_key"),
+            MissingApiKey => unauthorized("missing_api_key"),
+            InvalidApiKey => unauthorized("invalid_api_key"),
+            ModelNotAllowed(_) => forbidden("model_not_allowed").param(Some("model")),
+            ControlRouteForbidden(_) => forbidden("control_route_forbidden"),
+            Limited(r) => ErrorKind::limited(r),
+            NotFound(_) => bad(S::NOT_FOUND, "not_found").code("unknown_url"),
+            UnknownResponse { param, .. } => bad(S::NOT_FOUND, "unknown_response")
+                .code("response_not_found")
+                .param(*param),
+            ProxyModeOnly { param, .. } => bad(S::NOT_IMPLEMENTED, "proxy_mode_only")
+                .code("proxy_mode_required")
+                .param(*param),
+            InvalidResidency { .. } => bad(S::BAD_REQUEST, "invalid_residency").code_is_reason(),
+            ResponseOwnerGone(_) => row(S::NOT_FOUND, INVALID, "response_owner_gone", Gateway)
+                .code_is_reason()
+                .param(Some("previous_response_id")),
+            ResponseOwnerUnavailable { .. } => row(
+                S::SERVICE_UNAVAILABLE,
+                UNAVAILABLE,
+                "response_owner_unavailable",
+                Gateway,
+            )
+            .code_is_reason(),
+            NoHealthyWorker(_) => row(
+                S::SERVICE_UNAVAILABLE,
+                UNAVAILABLE,
+                "no_healthy_worker",
+                Gateway,
+            )
+            .falls_back(),
+            ResidencyUnavailable { .. } => row(
+                S::SERVICE_UNAVAILABLE,
+                UNAVAILABLE,
+                "residency_unavailable",
+                Gateway,
+            )
+            .code_is_reason()
+            .falls_back(),
+            QueueFull(_) => shed(S::TOO_MANY_REQUESTS, RATE_LIMITED, "queue_full").falls_back(),
+            QueueTimeout(_) => {
+                shed(S::TOO_MANY_REQUESTS, RATE_LIMITED, "queue_timeout").falls_back()
+            }
+            QueueEvicted(_) => {
+                shed(S::TOO_MANY_REQUESTS, RATE_LIMITED, "queue_evicted").falls_back()
+            }
+            Preempted(_) => shed(S::SERVICE_UNAVAILABLE, UNAVAILABLE, "preempted"),
+            SloUnattainable { retry_after_s, .. } => {
+                shed(S::SERVICE_UNAVAILABLE, UNAVAILABLE, "slo_unattainable")
+                    .falls_back()
+                    .retry_after(*retry_after_s as u64)
+            }
+            DrainDeadline => shed(S::SERVICE_UNAVAILABLE, UNAVAILABLE, "drain_deadline").closes(),
+            UpstreamConnect { .. } => {
+                row(S::BAD_GATEWAY, UPSTREAM, "upstream_connect", Upstream).retryable()
+            }
+            UpstreamFailed { .. } => {
+                row(S::BAD_GATEWAY, UPSTREAM, "upstream_failed", Upstream).retryable()
+            }
+            UpstreamTimeout { .. } => {
+                row(S::GATEWAY_TIMEOUT, UPSTREAM, "upstream_timeout", Upstream).retryable()
+            }
         }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.kind().status
     }
 
     /// Metric label.
     pub fn reason(&self) -> &'static str {
-        use GatewayError::*;
-        match self {
-            MalformedJson(_) => "malformed_json",
-            MalformedMultipart(_) => "malformed_multipart",
-            JsonTooDeep(_) => "json_too_deep",
-            InvalidHeader(_) => "invalid_header",
-            MissingModel => "missing_model",
-            InvalidRequest(_) => "invalid_request",
-            NotSupported(_) => "not_supported",
-            UnknownModel(_) => "unknown_model",
-            BodyTooLarge(_) => "body_too_large",
-            BodyRead(_) => "body_read",
-            BodyTimeout(_) => "body_timeout",
-            UnsupportedMediaType(_) => "unsupported_media_type",
-            HeadersTooLarge(_) => "headers_too_large",
-            UnsupportedTransferEncoding(_) => "unsupported_transfer_encoding",
-            BadFraming(_) => "bad_framing",
-            MethodNotAllowed { .. } => "method_not_allowed",
-            TenantNeedsKey => "tenant_needs_key",
-            MissingApiKey => "missing_api_key",
-            InvalidApiKey => "invalid_api_key",
-            ModelNotAllowed(_) => "model_not_allowed",
-            ControlRouteForbidden(_) => "control_route_forbidden",
-            Limited(r) => r.kind.as_str(),
-            NotFound(_) => "not_found",
-            ResponseOwnerGone(_) => "response_owner_gone",
-            UnknownResponse { .. } => "unknown_response",
-            ProxyModeOnly { .. } => "proxy_mode_only",
-            ResponseOwnerUnavailable { .. } => "response_owner_unavailable",
-            NoHealthyWorker(_) => "no_healthy_worker",
-            ResidencyUnavailable { .. } => "residency_unavailable",
-            InvalidResidency { .. } => "invalid_residency",
-            QueueFull(_) => "queue_full",
-            QueueTimeout(_) => "queue_timeout",
-            QueueEvicted(_) => "queue_evicted",
-            Preempted(_) => "preempted",
-            SloUnattainable { .. } => "slo_unattainable",
-            DrainDeadline => "drain_deadline",
-            UpstreamConnect { .. } => "upstream_connect",
-            UpstreamFailed { .. } => "upstream_failed",
-            UpstreamTimeout { .. } => "upstream_timeout",
-        }
+        self.kind().reason
     }
 
     /// Error class for metrics and the access log: `client` (the request was bad),
     /// `gateway` (a gateway policy refused it: no capacity, queue) or `upstream`.
     pub fn class(&self) -> &'static str {
-        use GatewayError::*;
-        match self {
-            MalformedJson(_)
-            | MalformedMultipart(_)
-            | JsonTooDeep(_)
-            | InvalidHeader(_)
-            | MissingModel
-            | InvalidRequest(_)
-            | NotSupported(_)
-            | BodyRead(_)
-            | BodyTimeout(_)
-            | UnsupportedMediaType(_)
-            | HeadersTooLarge(_)
-            | UnsupportedTransferEncoding(_)
-            | BadFraming(_)
-            | MethodNotAllowed { .. }
-            | TenantNeedsKey
-            | MissingApiKey
-            | InvalidApiKey
-            | ModelNotAllowed(_)
-            | ControlRouteForbidden(_)
-            | Limited(_)
-            | UnknownModel(_)
-            | NotFound(_)
-            | UnknownResponse { .. }
-            | ProxyModeOnly { .. }
-            | BodyTooLarge(_)
-            | InvalidResidency { .. } => "client",
-            NoHealthyWorker(_)
-            | ResidencyUnavailable { .. }
-            | QueueFull(_)
-            | QueueTimeout(_)
-            | QueueEvicted(_)
-            | Preempted(_)
-            | ResponseOwnerGone(_)
-            | ResponseOwnerUnavailable { .. }
-            | SloUnattainable { .. }
-            | DrainDeadline => "gateway",
-            UpstreamConnect { .. } | UpstreamFailed { .. } | UpstreamTimeout { .. } => "upstream",
-        }
+        self.kind().fault.as_str()
     }
 
     /// May the request be sent to another worker (nothing reached the client yet)?
     pub fn retryable(&self) -> bool {
-        matches!(
-            self,
-            GatewayError::UpstreamConnect { .. }
-                | GatewayError::UpstreamFailed { .. }
-                | GatewayError::UpstreamTimeout { .. }
-        )
+        self.kind().retryable
     }
 
     /// May another pool (a fallback) serve the request instead? Nothing reached the
     /// client, and the failure was the pool's (down, saturated, upstream errors).
     pub fn falls_back(&self) -> bool {
-        self.retryable()
-            || matches!(
-                self,
-                GatewayError::NoHealthyWorker(_)
-                    | GatewayError::ResidencyUnavailable { .. }
-                    | GatewayError::QueueFull(_)
-                    | GatewayError::QueueTimeout(_)
-                    | GatewayError::QueueEvicted(_)
-                    | GatewayError::SloUnattainable { .. }
-            )
-    }
-
-    /// OpenAI's error `type`: follows the class, with two finer kinds.
-    fn openai_type(&self) -> &'static str {
-        use GatewayError::*;
-        match self {
-            TenantNeedsKey | MissingApiKey | InvalidApiKey => "authentication_error",
-            ModelNotAllowed(_) | ControlRouteForbidden(_) => "permission_error",
-            Limited(r) if r.never => "invalid_request_error",
-            Limited(r) if r.kind.is_budget() => "insufficient_quota",
-            Limited(r) if r.kind == LimitKind::StoreUnavailable => "service_unavailable",
-            Limited(_) => "rate_limit_exceeded",
-            NoHealthyWorker(_) | ResidencyUnavailable { .. } | SloUnattainable { .. } => {
-                "service_unavailable"
-            }
-            ResponseOwnerGone(_) => "invalid_request_error",
-            ResponseOwnerUnavailable { .. } => "service_unavailable",
-            QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) => "rate_limit_exceeded",
-            Preempted(_) | DrainDeadline => "service_unavailable",
-            _ => match self.class() {
-                "upstream" => "upstream_error",
-                _ => "invalid_request_error",
-            },
-        }
-    }
-
-    fn param_and_code(&self) -> (Option<&'static str>, Option<&'static str>) {
-        use GatewayError::*;
-        match self {
-            MissingModel => (Some("model"), None),
-            UnknownModel(_) => (Some("model"), Some("model_not_found")),
-            BodyTooLarge(_) => (None, Some("request_too_large")),
-            JsonTooDeep(_) => (None, Some("json_too_deep")),
-            InvalidHeader(h) => (Some(*h), Some("invalid_header")),
-            BodyTimeout(_) => (None, Some("request_timeout")),
-            MethodNotAllowed { .. } => (None, Some("method_not_allowed")),
-            TenantNeedsKey | MissingApiKey | InvalidApiKey => (None, Some("invalid_api_key")),
-            ModelNotAllowed(_) => (Some("model"), Some("model_not_allowed")),
-            Limited(r) if r.never => (Some(r.kind.as_str()), Some("request_exceeds_limit")),
-            Limited(r) if r.kind.is_budget() => (Some(r.kind.as_str()), Some("insufficient_quota")),
-            Limited(r) if r.kind == LimitKind::StoreUnavailable => {
-                (None, Some("limits_store_unavailable"))
-            }
-            Limited(r) => (Some(r.kind.as_str()), Some("rate_limit_exceeded")),
-            NotFound(_) => (None, Some("unknown_url")),
-            ControlRouteForbidden(_) => (None, Some("control_route_forbidden")),
-            ResponseOwnerGone(_) => (Some("previous_response_id"), Some("response_owner_gone")),
-            UnknownResponse { param, .. } => (*param, Some("response_not_found")),
-            ProxyModeOnly { param, .. } => (*param, Some("proxy_mode_required")),
-            ResponseOwnerUnavailable { .. } => (None, Some("response_owner_unavailable")),
-            ResidencyUnavailable { .. } => (None, Some("residency_unavailable")),
-            InvalidResidency { .. } => (None, Some("invalid_residency")),
-            // Shed by flow control: the code names why (the `reason` label).
-            QueueFull(_) | QueueTimeout(_) | QueueEvicted(_) | Preempted(_) => {
-                (None, Some(self.reason()))
-            }
-            SloUnattainable { .. } => (None, Some("slo_unattainable")),
-            DrainDeadline => (None, Some("drain_deadline")),
-            _ => (None, None),
-        }
+        self.kind().falls_back
     }
 
     /// Must the client connection close after this answer? The request's body
     /// may be unread, or its framing is not to be trusted.
     pub fn closes_connection(&self) -> bool {
-        use GatewayError::*;
-        matches!(
-            self,
-            BodyTooLarge(_)
-                | BodyTimeout(_)
-                | BodyRead(_)
-                | HeadersTooLarge(_)
-                | UnsupportedTransferEncoding(_)
-                | BadFraming(_)
-                | DrainDeadline
-        )
+        self.kind().closes_connection
     }
 
     /// The message a client sees. Upstream errors name the worker (and the
@@ -392,40 +449,28 @@ impl GatewayError {
         anthropic: bool,
         debug: bool,
     ) -> Response<B> {
+        let kind = self.kind();
         let msg = self.client_message(debug);
         let body = if anthropic {
-            crate::api::anthropic::error::body(self.status().as_u16(), &msg)
+            crate::api::anthropic::error::body(kind.status.as_u16(), &msg)
         } else {
-            let (param, code) = self.param_and_code();
-            ErrorBody::new(&msg, self.openai_type(), param, code).to_bytes()
+            ErrorBody::new(&msg, kind.openai_type, kind.param, kind.code).to_bytes()
         };
         let mut resp = Response::new(B::from(body));
-        *resp.status_mut() = self.status();
-        resp.headers_mut().insert(
+        *resp.status_mut() = kind.status;
+        let headers = resp.headers_mut();
+        headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if resp.status() == StatusCode::TOO_MANY_REQUESTS
-            || resp.status() == StatusCode::SERVICE_UNAVAILABLE
-        {
-            let after = match self {
-                GatewayError::SloUnattainable { retry_after_s, .. } => {
-                    HeaderValue::from(*retry_after_s)
-                }
-                _ => HeaderValue::from_static("1"),
-            };
-            resp.headers_mut().insert(header::RETRY_AFTER, after);
+        if let Some(s) = kind.retry_after_s {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         if let GatewayError::Limited(r) = self {
-            if !r.never {
-                resp.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from(r.retry_after_s));
-            }
-            r.headers.write(resp.headers_mut());
+            r.headers.write(headers);
         }
-        if self.closes_connection() {
-            resp.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        if kind.closes_connection {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }
@@ -448,6 +493,297 @@ impl From<crate::tenancy::Refused> for GatewayError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every refusal the limits can produce: each kind, passable later or never.
+    fn refusals() -> Vec<crate::tenancy::limits::Refusal> {
+        use crate::tenancy::limits::gcra::Window;
+        use crate::tenancy::limits::headers::RateHeaders;
+        let kinds = [
+            LimitKind::Requests,
+            LimitKind::Tokens,
+            LimitKind::Concurrency,
+            LimitKind::DailyBudget,
+            LimitKind::MonthlyBudget,
+            LimitKind::StoreUnavailable,
+        ];
+        let window = Window {
+            limit: 10,
+            remaining: 0,
+            reset_ns: 6_000_000_000,
+        };
+        let headers = RateHeaders {
+            requests: Some(window),
+            tokens: None,
+        };
+        let refusal = |kind, never| crate::tenancy::limits::Refusal {
+            never,
+            kind,
+            scope: "tenant `acme`".into(),
+            limit: "10 per minute".into(),
+            retry_after_s: 7,
+            headers,
+        };
+        let mut all: Vec<_> = kinds.iter().map(|&k| refusal(k, false)).collect();
+        all.extend(kinds.iter().map(|&k| refusal(k, true)));
+        all
+    }
+
+    /// One error of each variant (several for payload-dependent rows).
+    fn one_of_each() -> Vec<GatewayError> {
+        use GatewayError::*;
+        let w: Arc<str> = Arc::from("http://10.0.0.7:8000");
+        let s = |x: &str| x.to_string();
+        let mut all = vec![
+            MalformedJson(s("eof")),
+            JsonTooDeep(64),
+            InvalidHeader("x-session-id"),
+            MissingModel,
+            InvalidRequest(s("bad")),
+            NotSupported(s("no")),
+            UnknownModel(s("m")),
+            BodyTooLarge(1024),
+            BodyRead(s("reset")),
+            BodyTimeout(Duration::from_secs(3)),
+            UnsupportedMediaType(s("text/plain")),
+            MalformedMultipart(s("no boundary")),
+            HeadersTooLarge(s("64 KiB")),
+            UnsupportedTransferEncoding(s("gzip")),
+            BadFraming("both Content-Length and Transfer-Encoding"),
+            TenantNeedsKey,
+            MissingApiKey,
+            InvalidApiKey,
+            ModelNotAllowed(s("m")),
+            MethodNotAllowed {
+                method: s("PUT"),
+                path: s("/v1/models"),
+            },
+            NotFound(s("/v2")),
+            ControlRouteForbidden(s("/sleep")),
+            NoHealthyWorker(s("m")),
+            ResidencyUnavailable {
+                residency: Arc::from("eu"),
+                regions: s("eu-west"),
+                model: s("m"),
+            },
+            InvalidResidency {
+                value: s("mars"),
+                known: s("eu, us"),
+            },
+            QueueFull(s("p")),
+            QueueTimeout(s("p")),
+            QueueEvicted(s("p")),
+            Preempted(s("p")),
+            ResponseOwnerGone(s("resp_1")),
+            ResponseOwnerUnavailable {
+                id: s("resp_1"),
+                detail: s("refused"),
+            },
+            UnknownResponse {
+                id: s("resp_1"),
+                param: None,
+            },
+            UnknownResponse {
+                id: s("resp_1"),
+                param: Some("previous_response_id"),
+            },
+            ProxyModeOnly {
+                what: "GET /v1/responses/{id}",
+                param: None,
+            },
+            ProxyModeOnly {
+                what: "previous_response_id",
+                param: Some("previous_response_id"),
+            },
+            SloUnattainable {
+                model: s("m"),
+                predicted_ttft_ms: 900,
+                retry_after_s: 4,
+            },
+            DrainDeadline,
+            UpstreamConnect {
+                worker: w.clone(),
+                detail: s("refused"),
+            },
+            UpstreamFailed {
+                worker: w.clone(),
+                detail: s("reset"),
+            },
+            UpstreamTimeout {
+                worker: w,
+                after: Duration::from_secs(30),
+            },
+        ];
+        all.extend(refusals().into_iter().map(|r| Limited(Box::new(r))));
+        all
+    }
+
+    /// The variant's position in the enum. No wildcard: a new variant does not
+    /// compile until it is listed here, and then fails `the_table_is_total`
+    /// until `one_of_each` constructs it.
+    fn ordinal(e: &GatewayError) -> usize {
+        use GatewayError::*;
+        match e {
+            MalformedJson(_) => 0,
+            JsonTooDeep(_) => 1,
+            InvalidHeader(_) => 2,
+            MissingModel => 3,
+            InvalidRequest(_) => 4,
+            NotSupported(_) => 5,
+            UnknownModel(_) => 6,
+            BodyTooLarge(_) => 7,
+            BodyRead(_) => 8,
+            BodyTimeout(_) => 9,
+            UnsupportedMediaType(_) => 10,
+            MalformedMultipart(_) => 11,
+            HeadersTooLarge(_) => 12,
+            UnsupportedTransferEncoding(_) => 13,
+            BadFraming(_) => 14,
+            TenantNeedsKey => 15,
+            MissingApiKey => 16,
+            InvalidApiKey => 17,
+            ModelNotAllowed(_) => 18,
+            Limited(_) => 19,
+            MethodNotAllowed { .. } => 20,
+            NotFound(_) => 21,
+            ControlRouteForbidden(_) => 22,
+            NoHealthyWorker(_) => 23,
+            ResidencyUnavailable { .. } => 24,
+            InvalidResidency { .. } => 25,
+            QueueFull(_) => 26,
+            QueueTimeout(_) => 27,
+            QueueEvicted(_) => 28,
+            Preempted(_) => 29,
+            ResponseOwnerGone(_) => 30,
+            ResponseOwnerUnavailable { .. } => 31,
+            UnknownResponse { .. } => 32,
+            ProxyModeOnly { .. } => 33,
+            SloUnattainable { .. } => 34,
+            DrainDeadline => 35,
+            UpstreamConnect { .. } => 36,
+            UpstreamFailed { .. } => 37,
+            UpstreamTimeout { .. } => 38,
+        }
+    }
+    const VARIANTS: usize = 39;
+
+    /// Every variant is constructed, and reason labels are few, well-formed
+    /// and name one variant each (a dashboard can tell them apart).
+    #[test]
+    fn the_table_is_total() {
+        let all = one_of_each();
+        let seen: std::collections::BTreeSet<usize> = all.iter().map(ordinal).collect();
+        let missing: Vec<usize> = (0..VARIANTS).filter(|i| !seen.contains(i)).collect();
+        assert!(missing.is_empty(), "variants not constructed: {missing:?}");
+        let mut owner = std::collections::HashMap::new();
+        for e in &all {
+            let reason = e.kind().reason;
+            let snake = |s: &str| {
+                !s.is_empty()
+                    && s.len() <= 40
+                    && s.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            };
+            assert!(snake(reason), "{reason}");
+            assert!(e.kind().code.is_none_or(snake), "{e:?}");
+            let first = *owner.entry(reason).or_insert(ordinal(e));
+            assert_eq!(first, ordinal(e), "`{reason}` labels two variants");
+        }
+        // One label per variant, plus one per limit kind for `Limited`.
+        assert_eq!(owner.len(), VARIANTS - 1 + 6);
+    }
+
+    /// The columns of each row agree with each other.
+    #[test]
+    fn the_table_is_consistent() {
+        for e in one_of_each() {
+            let k = e.kind();
+            let s = k.status.as_u16();
+            assert!(
+                k.status.is_client_error() || k.status.is_server_error(),
+                "{e:?}"
+            );
+            if k.retryable {
+                assert!(k.falls_back && k.fault == Fault::Upstream, "{e:?}");
+                assert!(s == 502 || s == 504, "{e:?}");
+            }
+            if k.falls_back {
+                assert!(k.fault != Fault::Client && (s == 429 || s >= 500), "{e:?}");
+            }
+            // Retry-After on every 429 and 503, and only there.
+            assert_eq!(k.retry_after_s.is_some(), s == 429 || s == 503, "{e:?}");
+            let expected_type = match s {
+                401 => vec![AUTHENTICATION],
+                403 => vec![PERMISSION],
+                429 => vec![RATE_LIMITED, QUOTA],
+                503 => vec![UNAVAILABLE],
+                502 | 504 => vec![UPSTREAM],
+                _ => vec![INVALID],
+            };
+            assert!(expected_type.contains(&k.openai_type), "{e:?}");
+            assert_eq!(
+                k.fault == Fault::Upstream,
+                k.openai_type == UPSTREAM,
+                "{e:?}"
+            );
+            // The accessors read the row.
+            assert_eq!(e.status(), k.status);
+            assert_eq!(e.reason(), k.reason);
+            assert_eq!(e.class(), k.fault.as_str());
+            assert_eq!(e.retryable(), k.retryable);
+            assert_eq!(e.falls_back(), k.falls_back);
+            assert_eq!(e.closes_connection(), k.closes_connection);
+        }
+    }
+
+    /// The answer carries the row: status, OpenAI body, Retry-After, Connection.
+    #[test]
+    fn answers_follow_the_table() {
+        for e in one_of_each() {
+            let k = e.kind();
+            let r: Response<bytes::Bytes> = e.to_response();
+            assert_eq!(r.status(), k.status);
+            let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
+            assert_eq!(v["error"]["type"], k.openai_type, "{e:?}");
+            assert_eq!(v["error"]["code"].as_str(), k.code, "{e:?}");
+            assert_eq!(v["error"]["param"].as_str(), k.param, "{e:?}");
+            let header = |name| {
+                r.headers()
+                    .get(name)
+                    .map(|v| v.to_str().unwrap().to_owned())
+            };
+            let after = k.retry_after_s.map(|s| s.to_string());
+            assert_eq!(header(header::RETRY_AFTER), after, "{e:?}");
+            let close = k.closes_connection.then(|| "close".to_owned());
+            assert_eq!(header(header::CONNECTION), close, "{e:?}");
+        }
+    }
+
+    /// Payload-dependent rows: a refusal's kind and passability, the SLO's wait.
+    #[test]
+    fn payload_rows() {
+        for r in refusals() {
+            let (never, kind, after) = (r.never, r.kind, r.retry_after_s);
+            let k = GatewayError::Limited(Box::new(r)).kind();
+            assert_eq!(k.reason, kind.as_str());
+            let (status, ty, code, retry_after) = match kind {
+                _ if never => (400, INVALID, "request_exceeds_limit", None),
+                LimitKind::StoreUnavailable => {
+                    (503, UNAVAILABLE, "limits_store_unavailable", Some(after))
+                }
+                k if k.is_budget() => (429, QUOTA, "insufficient_quota", Some(after)),
+                _ => (429, RATE_LIMITED, "rate_limit_exceeded", Some(after)),
+            };
+            assert_eq!(k.status.as_u16(), status, "{kind:?} never={never}");
+            assert_eq!((k.openai_type, k.code), (ty, Some(code)));
+            assert_eq!(k.retry_after_s, retry_after);
+        }
+        let slo = GatewayError::SloUnattainable {
+            model: "m".into(),
+            predicted_ttft_ms: 1,
+            retry_after_s: 9,
+        };
+        assert_eq!(slo.kind().retry_after_s, Some(9));
+        assert_eq!(GatewayError::InvalidHeader("x-a").kind().param, Some("x-a"));
+    }
 
     #[test]
     fn statuses_and_retryability() {
