@@ -9,6 +9,7 @@
 //! formatting never shows them) and CA files. Key paths in messages are built with
 //! `key.rs`. Defaults live here and nowhere else.
 
+mod admin;
 pub mod cert_validity;
 mod edge;
 pub mod engine_routes;
@@ -27,12 +28,15 @@ mod server;
 mod warnings;
 pub mod worker_url;
 
+use admin::validate_admin;
+pub use admin::AdminConfig;
 pub use flow::{FairnessKey, FlowConfig, Preemption, Priority};
 use key::Key;
 pub use kv_events::{KvEndpoints, KvEventsConfig, TokenizerConfig};
 use problems::Problems;
 pub use problems::Secrets;
 pub use secret::Secret;
+use server::validate_server;
 pub use server::{
     default_max_connections, ServerConfig, Timeouts, DEFAULT_BODY_READ_TIMEOUT_MS,
     DEFAULT_CLIENT_IDLE_TIMEOUT_MS, DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_DRAIN_TIMEOUT_MS,
@@ -41,7 +45,6 @@ pub use server::{
     DEFAULT_MAX_JSON_DEPTH, DEFAULT_MODEL_DISCOVERY_MS, DEFAULT_TOTAL_TIMEOUT_MS, MAX_BUSY_POLL_US,
     MAX_MAX_JSON_DEPTH,
 };
-use server::{listen_addr, validate_server};
 pub use worker_url::normalize_worker_url;
 
 pub use raw::{
@@ -473,17 +476,6 @@ pub struct HealthConfig {
     pub max_ejection: Duration,
     pub max_ejected_fraction: f64,
     pub overload_cooldown: Duration,
-}
-
-/// The authenticated admin listener.
-#[derive(Clone, Debug)]
-pub struct AdminConfig {
-    pub listen: SocketAddr,
-    pub token: Secret,
-    /// Serve over TLS; with `client_ca`, only clients with a certificate from it.
-    pub tls: Option<TlsConfig>,
-    /// `POST /admin/workers` may add loopback workers.
-    pub allow_loopback_workers: bool,
 }
 
 /// The engine a pool's workers run, for what differs between them: how a
@@ -1355,44 +1347,6 @@ fn forward_headers(key: &Key, names: &[String], p: &mut Problems) -> Vec<String>
         .collect()
 }
 
-/// Why an admin token is too weak to accept, if it is: too short, one repeated
-/// character, or a single run of consecutive characters (`abcdef…`, `123456…`).
-fn weak_token(t: &str) -> Option<&'static str> {
-    let b = t.as_bytes();
-    if b.len() < 16 {
-        return Some("must be at least 16 characters");
-    }
-    if b.iter().all(|&c| c == b[0]) {
-        return Some("is one character repeated; use a random token (e.g. `openssl rand -hex 32`)");
-    }
-    let step = b[1].wrapping_sub(b[0]);
-    if (step == 1 || step == 255) && b.windows(2).all(|w| w[1].wrapping_sub(w[0]) == step) {
-        return Some(
-            "is a run of consecutive characters; use a random token (e.g. `openssl rand -hex 32`)",
-        );
-    }
-    None
-}
-
-/// `[admin]`: `None` when off (no `listen`) or rejected; the token is read in `resolve`.
-fn validate_admin(a: RawAdmin, p: &mut Problems) -> Option<resolve::PendingAdmin> {
-    let listen = a.listen?;
-    let listen = listen_addr("admin.listen", &listen, p);
-    let Some(token_env) = a.token_env else {
-        p.push("admin.token_env: required when admin.listen is set (the admin API is always authenticated)".into());
-        return None;
-    };
-    let tls = a
-        .tls
-        .and_then(|t| edge::validate_tls(t, &Key::new("admin").field("tls"), true, p));
-    Some(resolve::PendingAdmin {
-        listen,
-        token_env,
-        tls,
-        allow_loopback_workers: a.allow_loopback_workers.unwrap_or(false),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1403,22 +1357,6 @@ mod tests {
 
     pub(super) const ONE_POOL: &str =
         "[[pools]]\nmodels = [\"m\"]\nworkers = [{ url = \"http://127.0.0.1:9000\" }]\n";
-
-    #[test]
-    fn weak_admin_tokens_are_refused() {
-        assert!(weak_token("short").is_some());
-        assert!(weak_token(&"a".repeat(32)).is_some());
-        assert!(weak_token("abcdefghijklmnopq").is_some());
-        assert!(weak_token(
-            "9876543210fedcba"
-                .chars()
-                .take(10)
-                .collect::<String>()
-                .as_str()
-        )
-        .is_some());
-        assert!(weak_token("3f9c1a7e52b04d6e8a1f").is_none());
-    }
 
     #[test]
     fn debug_of_a_config_shows_no_secret() {

@@ -3,9 +3,10 @@
 //! `global.rs`, `observability.rs`), secrets are read from their environment
 //! variables, here and nowhere else, and CA files are read.
 
+use super::admin::weak_token;
 use super::key::Key;
 use super::observability::{TenancyConfig, TenantConfig};
-use super::{weak_token, AdminConfig, PoolConfig, Problems};
+use super::{AdminConfig, PoolConfig, Problems};
 use std::net::SocketAddr;
 
 /// The admin listener before its token is read. `listen` is `None` when rejected.
