@@ -2,13 +2,13 @@
 //! engine, with their defaults; then what spans pools (names, fallbacks, the
 //! region labels of workers).
 
+use super::discovery::{validate_dns, validate_kubernetes};
 use super::key::Key;
 use super::problems::Problems;
 use super::{engine_routes, flow, global, kv_events, ms, no_pool, worker_url};
 use super::{
-    validate_dns, validate_kubernetes, DnsConfig, FlowConfig, GlobalConfig, KubernetesConfig,
-    KvEndpoints, KvEventsConfig, PolicyKind, RawDisagg, RawPool, RawWorker, RoutingConfig, Secret,
-    TokenizerConfig,
+    DnsConfig, FlowConfig, GlobalConfig, KubernetesConfig, KvEndpoints, KvEventsConfig, PolicyKind,
+    RawDisagg, RawPool, RawWorker, RoutingConfig, Secret, TokenizerConfig,
 };
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
