@@ -29,6 +29,7 @@ mod resolve;
 mod routing;
 mod secret;
 mod server;
+pub mod tenancy;
 mod warnings;
 pub mod worker_url;
 
@@ -83,7 +84,8 @@ pub use edge::{
 pub use global::{
     GlobalConfig, LocalityConfig, RegionConfig, RegionId, RegionSet, Residency, SplitConfig,
 };
-pub use observability::{ObservabilityConfig, TenancyConfig};
+pub use observability::ObservabilityConfig;
+pub use tenancy::TenancyConfig;
 pub use warnings::{glob, open_warnings};
 
 use std::fmt;
@@ -272,20 +274,18 @@ impl RawConfig {
             problems,
         );
         check_region_labels(&pools, &global, problems);
-        let (observability, tenancy) = observability::validate(
+        let observability = observability::validate(
             observability::ObservabilityRaw {
                 telemetry: self.telemetry,
                 access_log: self.access_log,
                 tracing: self.tracing,
                 prices: self.prices,
                 scaling: self.scaling,
-                tenancy: self.tenancy,
-                tenants: self.tenants,
             },
             &pool_names,
-            &global,
             problems,
         );
+        let tenancy = tenancy::validate(self.tenancy, self.tenants, &global, problems);
         // The environment and the file system, once the file itself is checked.
         let admin = resolve::admin(admin, problems);
         server.id_key = resolve::id_key(id_key_env, problems);

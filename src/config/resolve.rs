@@ -5,7 +5,7 @@
 
 use super::admin::weak_token;
 use super::key::Key;
-use super::observability::{TenancyConfig, TenantConfig};
+use super::tenancy::{TenancyConfig, TenantConfig};
 use super::{AdminConfig, PoolConfig, Problems};
 use std::net::SocketAddr;
 
@@ -30,7 +30,7 @@ pub(crate) struct PendingTenancy {
     pub tenants: Vec<PendingTenant>,
     pub trust_tenant_header: bool,
     pub require_key: bool,
-    pub anonymous: super::observability::AnonymousClaims,
+    pub anonymous: super::tenancy::AnonymousClaims,
     pub list_models_without_key: bool,
 }
 
