@@ -27,9 +27,9 @@ pub struct RawConfig {
     #[serde(default)]
     pub scaling: super::observability::RawScaling,
     #[serde(default)]
-    pub tenancy: super::observability::RawTenancy,
+    pub tenancy: super::tenancy::RawTenancy,
     #[serde(default)]
-    pub tenants: Vec<super::observability::RawTenant>,
+    pub tenants: Vec<super::tenancy::RawTenant>,
     /// `[limits]`: where tenant limit state lives (`config/limits.rs`).
     #[serde(default)]
     pub limits: super::limits::RawLimitsStore,

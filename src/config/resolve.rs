@@ -3,9 +3,10 @@
 //! `global.rs`, `observability.rs`), secrets are read from their environment
 //! variables, here and nowhere else, and CA files are read.
 
+use super::admin::weak_token;
 use super::key::Key;
-use super::observability::{TenancyConfig, TenantConfig};
-use super::{weak_token, AdminConfig, PoolConfig, Problems};
+use super::tenancy::{TenancyConfig, TenantConfig};
+use super::{AdminConfig, PoolConfig, Problems};
 use std::net::SocketAddr;
 
 /// The admin listener before its token is read. `listen` is `None` when rejected.
@@ -29,7 +30,7 @@ pub(crate) struct PendingTenancy {
     pub tenants: Vec<PendingTenant>,
     pub trust_tenant_header: bool,
     pub require_key: bool,
-    pub anonymous: super::observability::AnonymousClaims,
+    pub anonymous: super::tenancy::AnonymousClaims,
     pub list_models_without_key: bool,
 }
 
