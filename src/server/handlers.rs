@@ -1,6 +1,8 @@
-//! Route handlers: the proxy entry point and the gateway's own endpoints.
+//! Route handlers: the proxy entry point and its phases (the gateway's own
+//! endpoints are in `endpoints.rs`).
 
 use super::client_addr::{self, Peer};
+use super::refusal::close_if_unread;
 use super::{request_id, Gateway};
 use crate::api::headers::{Name, Own};
 use crate::api::{self, inspect::InspectError, Endpoint};
@@ -14,10 +16,9 @@ use crate::telemetry::trace::{new_span_id, ChildSpan, SpanKind, TraceContext};
 use crate::telemetry::End;
 use crate::tenancy::Tenant;
 use axum::extract::{Request, State};
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use bytes::{Bytes, BytesMut};
-use http::{header, HeaderValue, StatusCode};
+use http::{header, HeaderValue};
 use http_body_util::BodyExt;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -776,79 +777,6 @@ fn not_inspectable(e: InspectError, headers: &http::HeaderMap) -> GatewayError {
     GatewayError::MalformedJson(m)
 }
 
-/// A request refused before any handler ran (its headers broke a limit): an
-/// OpenAI-shaped error, counted, with the request id.
-/// Its body is left unread, so an HTTP/1 connection closes after the answer
-/// rather than reading the body as the next request.
-pub(super) fn refuse(e: &GatewayError, headers: &http::HeaderMap) -> Response {
-    refuse_for(e, headers, false)
-}
-
-/// [`refuse`], in Anthropic's error shape when `anthropic`.
-pub(super) fn refuse_for(e: &GatewayError, headers: &http::HeaderMap, anthropic: bool) -> Response {
-    telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
-    let mut resp: Response = e.to_response_for(anthropic, false);
-    resp.headers_mut()
-        .insert(request_id::HEADER, request_id::get_or_make(headers));
-    close_if_unread(&mut resp, headers);
-    resp
-}
-
-/// Who a refusal before any handler ran (header limits, framing, method,
-/// path, the model list's key check) was given to, for its access-log line.
-pub(super) struct Refused<'r> {
-    pub gw: &'r Gateway,
-    pub headers: &'r http::HeaderMap,
-    pub path: &'r str,
-    /// The socket peer (`x-forwarded-for` counts only behind a trusted proxy).
-    pub peer: Option<std::net::IpAddr>,
-}
-
-impl Refused<'_> {
-    /// [`refuse_for`], finished like any request: an access-log line with the
-    /// status, the error code and the client address. The line carries no
-    /// header value but a sane `x-request-id` (bounded; never a credential).
-    pub(super) fn answer(&self, e: &GatewayError) -> Response {
-        let endpoint = Endpoint::from_path(self.path);
-        let config = self.gw.registry.config();
-        let request_id = request_id::get_or_make(self.headers);
-        let mut tags = RequestTags::new(
-            &self.gw.sinks,
-            config.clone(),
-            request_id.clone(),
-            self.gw.tenancy.load().anonymous(),
-            TraceContext::from_header(None, None),
-            &self.gw.drain,
-        );
-        tags.client = client_addr::client(self.peer, self.headers, &config.server.trusted_proxies);
-        telemetry::record_gateway_error(None, e.reason(), e.status().as_u16());
-        let end = End::Refused {
-            model: None,
-            class: e.class(),
-            reason: e.reason(),
-            elapsed: std::time::Duration::ZERO,
-        };
-        tags.finish(endpoint.as_str(), e.status().as_u16(), end);
-        let mut resp: Response = e.to_response_for(endpoint.is_anthropic(), false);
-        resp.headers_mut().insert(request_id::HEADER, request_id);
-        close_if_unread(&mut resp, self.headers);
-        resp
-    }
-}
-
-/// An answer given before the request's body was read: an HTTP/1 connection
-/// closes after it rather than read the body as the next request.
-fn close_if_unread(resp: &mut Response, headers: &http::HeaderMap) {
-    let has_body = headers.contains_key(header::TRANSFER_ENCODING)
-        || headers
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() != b"0");
-    if has_body {
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-}
-
 /// The request's tags while admission still fills them in: nothing else holds
 /// them before the first attempt shares them with its response.
 fn unshared(tags: &mut Arc<RequestTags>) -> Option<&mut RequestTags> {
@@ -919,147 +847,4 @@ where
         Some(buf) => buf.freeze(),
         None => first.unwrap_or_default(),
     })
-}
-
-/// `GET /v1/models`: every model name and alias the caller may use (a key's
-/// `allowed_models`); without a key, everything, unless the config says a
-/// key is needed (`require_key`, `list_models_without_key = false`).
-pub async fn models(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let tenant = match models_caller(&gw, &req) {
-        Ok(t) => t,
-        Err(e) => return refused(&gw, &req).answer(&e),
-    };
-    let mut list = super::models::list(&gw).await;
-    let snap = gw.routes.snapshot();
-    list.data
-        .retain(|c| snap.usable_by(&c.id, |m| tenant.allows(m)));
-    Json(list).into_response()
-}
-
-/// Who asks for the model list: a known key's tenant, or anonymous where
-/// the config lets anonymous callers list models.
-fn models_caller(gw: &Gateway, req: &Request) -> Result<crate::tenancy::Tenant, GatewayError> {
-    let tenancy = gw.tenancy.load();
-    let tenant = tenancy
-        .resolve(req.headers(), Own::ANY, &gw.keys)
-        .map_err(|r| refused_by_tenancy(r.into()))?;
-    if tenant.key_id.is_none() && !tenancy.lists_models_without_key() {
-        return Err(refused_by_tenancy(GatewayError::MissingApiKey));
-    }
-    Ok(tenant)
-}
-
-/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`): one served model the
-/// caller may use, or a 404 in OpenAI's shape (also for a model it may not
-/// use: its existence is not confirmed). Model ids may contain `/`.
-pub async fn model(
-    State(gw): State<Arc<Gateway>>,
-    axum::extract::Path(id): axum::extract::Path<String>,
-    req: Request,
-) -> Response {
-    let tenant = match models_caller(&gw, &req) {
-        Ok(t) => t,
-        Err(e) => return refused(&gw, &req).answer(&e),
-    };
-    let snap = gw.routes.snapshot();
-    let known = snap.model_names().contains(&id) && snap.usable_by(&id, |m| tenant.allows(m));
-    if known {
-        let list = super::models::list(&gw).await;
-        if let Some(c) = list.data.into_iter().find(|c| c.id == id) {
-            return Json(c).into_response();
-        }
-    }
-    let e = GatewayError::UnknownModel(api::error::echo(&id));
-    telemetry::record_gateway_error(None, e.reason(), 404);
-    e.to_response()
-}
-
-/// A known path asked with a method it does not serve: 405 in OpenAI's shape,
-/// with `Allow` filled in by the router.
-pub async fn method_not_allowed(State(gw): State<Arc<Gateway>>, req: Request) -> Response {
-    let e = GatewayError::MethodNotAllowed {
-        method: api::error::echo(req.method().as_str()),
-        path: api::error::echo(req.uri().path()),
-    };
-    refused(&gw, &req).answer(&e)
-}
-
-/// A router request's refusal, with the peer the service put in its extensions.
-fn refused<'r>(gw: &'r Gateway, req: &'r Request) -> Refused<'r> {
-    Refused {
-        gw,
-        headers: req.headers(),
-        path: req.uri().path(),
-        peer: req.extensions().get::<Peer>().and_then(|p| p.0),
-    }
-}
-
-/// `GET /health`: the process is alive.
-pub async fn health() -> &'static str {
-    "ok"
-}
-
-/// `GET /ready`: 200 when every model has a worker that can take a request and
-/// the gateway is not shutting down, else 503. The JSON body says which, and
-/// each pool's KV block size (`pool/block_size.rs`): engines disagreeing with
-/// their pool are named, with a warning line each. They leave the status at
-/// 200: the pool still serves (on the approximate index), and turning every
-/// replica unready at once over a routing-quality fault would be an outage.
-pub async fn ready(State(gw): State<Arc<Gateway>>) -> Response {
-    let ready = !gw.is_shutting_down() && gw.routes.snapshot().is_ready();
-    ready_answer(&gw, ready)
-}
-
-/// `/ready`'s answer (also the picker's): the status and the JSON detail.
-pub fn ready_answer(gw: &Gateway, ready: bool) -> Response {
-    let kv = crate::pool::block_size::statuses(&gw.registry.snapshot());
-    let warnings: Vec<String> = kv
-        .iter()
-        .flat_map(|s| s.mismatches.iter().map(|m| s.describe(m)))
-        .collect();
-    let status = if ready {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    let body = serde_json::json!({
-        "status": if ready { "ready" } else { "not ready" },
-        "kv_block_size": kv,
-        "warnings": warnings,
-    });
-    (status, Json(body)).into_response()
-}
-
-/// The exposition text: scrape-time gauges refreshed, then every family.
-pub fn metrics_text(gw: &Gateway) -> String {
-    crate::pool::gauges::refresh(&gw.registry.snapshot());
-    gw.routes.refresh_gauges();
-    gw.fleet.refresh_gauges();
-    telemetry::render(&gw.metrics, Some(&gw.sinks))
-}
-
-/// `GET /metrics`: Prometheus text.
-pub async fn metrics(State(gw): State<Arc<Gateway>>) -> Response {
-    let text = metrics_text(&gw);
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
-        )],
-        text,
-    )
-        .into_response()
-}
-
-/// Paths without a route of their own: a `POST` some pool forwards
-/// (`server/engine_routes.rs`) goes to the proxy, the resolved pool deciding;
-/// anything else is a 404 in OpenAI's shape, never sent to an engine.
-pub async fn fallback(state: State<Arc<Gateway>>, req: Request) -> Response {
-    let path = req.uri().path();
-    if req.method() == http::Method::POST
-        && super::engine_routes::may_forward(&state.registry.config(), path)
-    {
-        return proxy(state, req).await;
-    }
-    refused(&state, &req).answer(&super::engine_routes::not_found(path))
 }

@@ -7,13 +7,15 @@ pub(crate) mod client_addr;
 mod conn;
 mod cors;
 pub mod dashboard;
+mod endpoints;
 pub mod engine_routes;
 mod handlers;
 pub(crate) use handlers::{admit_limits, refused_by_tenancy};
 pub mod listen;
-pub use handlers::{metrics_text, ready_answer};
+pub use endpoints::{metrics_text, ready_answer};
 mod models;
 pub(crate) use models::list as model_list;
+mod refusal;
 mod reload;
 mod request_id;
 pub mod shards;
@@ -219,14 +221,14 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     )
     .route("/v1/audio/transcriptions", post(handlers::upload))
     .route("/v1/audio/translations", post(handlers::upload))
-    .route("/v1/models", get(handlers::models))
-    .route("/v1/models/{*id}", get(handlers::model))
-    .route("/health", get(handlers::health))
-    .route("/ready", get(handlers::ready))
-    .route("/metrics", get(handlers::metrics))
+    .route("/v1/models", get(endpoints::models))
+    .route("/v1/models/{*id}", get(endpoints::model))
+    .route("/health", get(endpoints::health))
+    .route("/ready", get(endpoints::ready))
+    .route("/metrics", get(endpoints::metrics))
     .merge(dashboard::router(&gw))
-    .fallback(handlers::fallback)
-    .method_not_allowed_fallback(handlers::method_not_allowed)
+    .fallback(endpoints::fallback)
+    .method_not_allowed_fallback(endpoints::method_not_allowed)
     .with_state(gw)
 }
 
@@ -257,7 +259,7 @@ impl HyperService<http::Request<hyper::body::Incoming>> for GatewayService {
         let noticed = match self.conn.admit(&req, self.limits) {
             Ok(n) => n,
             Err(e) => {
-                let refused = handlers::Refused {
+                let refused = refusal::Refused {
                     gw: &self.gw,
                     headers: req.headers(),
                     path: req.uri().path(),
@@ -421,7 +423,7 @@ pub(crate) async fn serve_internal(
             let (app, st) = (app.clone(), st.clone());
             async move {
                 if let Err(e) = st.admit(&req, limits) {
-                    return Ok::<_, Infallible>(handlers::refuse(&e, req.headers()));
+                    return Ok::<_, Infallible>(refusal::refuse(&e, req.headers()));
                 }
                 app.oneshot(req.map(axum::body::Body::new)).await
             }
