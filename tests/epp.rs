@@ -405,15 +405,7 @@ async fn streamed_body_is_switched_to_buffered_and_errors_are_immediate_response
     s.send(body(&vec![b' '; 4096], false), None).await;
     assert_eq!(immediate(s.next().await).status.unwrap().code, 413);
 
-    let text = scrape(&epp.http).await;
-    for (result, status) in [("unknown_model", "404"), ("body_too_large", "413")] {
-        let n = metric_sum(
-            &text,
-            "switchyard_epp_decisions_total",
-            &[("result", result), ("status", status)],
-        );
-        assert_eq!(n, 1.0, "{result}:\n{text}");
-    }
+    assert_one_decision_each(&epp, &[("unknown_model", "404"), ("body_too_large", "413")]).await;
 }
 
 #[tokio::test]
@@ -800,15 +792,11 @@ async fn the_picker_refuses_models_a_tenant_may_not_use_and_requests_over_its_ra
         0,
         "the picker forwards nothing itself"
     );
-    let text = scrape(&epp.http).await;
-    for (result, status) in [("model_not_allowed", "403"), ("requests_per_minute", "429")] {
-        let n = metric_sum(
-            &text,
-            "switchyard_epp_decisions_total",
-            &[("result", result), ("status", status)],
-        );
-        assert_eq!(n, 1.0, "{result}:\n{text}");
-    }
+    assert_one_decision_each(
+        &epp,
+        &[("model_not_allowed", "403"), ("requests_per_minute", "429")],
+    )
+    .await;
 }
 
 /// Tokens per minute: the worst case (`max_tokens`) is reserved at the pick;
@@ -991,4 +979,17 @@ async fn a_bodyless_request_with_a_wrong_key_is_refused_and_logged_with_its_clie
     let one: &'static str = Box::leak(one.into_boxed_str());
     assert_eq!(list(RPM_KEY, one).await.status.unwrap().code, 200);
     assert_eq!(list(NARROW_KEY, one).await.status.unwrap().code, 404);
+}
+
+/// Each `(result, status)` pair counted exactly once in the picker's decisions.
+async fn assert_one_decision_each(epp: &Epp, pairs: &[(&str, &str)]) {
+    let text = scrape(&epp.http).await;
+    for &(result, status) in pairs {
+        let n = metric_sum(
+            &text,
+            "switchyard_epp_decisions_total",
+            &[("result", result), ("status", status)],
+        );
+        assert_eq!(n, 1.0, "{result}:\n{text}");
+    }
 }
